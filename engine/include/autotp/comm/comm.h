@@ -1,0 +1,61 @@
+// Comm: synchronous collectives over one process group (a tp group, a dp group
+// or the world). A group of size 1 performs no communication. Every call blocks
+// until done or the group's timeout fires (then it throws naming the op).
+// Not thread safe: one caller per Comm.
+#pragma once
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace autotp {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// Counts what went through a Comm (benchmarks and communication-volume checks).
+struct CommStats {
+  int64_t all_reduce_calls = 0, all_reduce_bytes = 0;
+  int64_t all_gather_calls = 0, all_gather_bytes = 0;      // bytes of the gathered output
+  int64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;  // bytes of the full input
+  int64_t broadcast_calls = 0, broadcast_bytes = 0;
+};
+
+class Comm {
+ public:
+  // A single-process group (no communication).
+  Comm();
+  // ranks: the global ranks of the members, in group-rank order (for messages).
+  Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name);
+
+  int rank() const { return rank_; }   // rank within this group
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }          // "tp", "dp", "world"
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+
+  // In place.
+  void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  void broadcast(torch::Tensor& tensor, int root = 0);
+  // Concatenates each rank's `local` along `dim`; ranks may hold different sizes
+  // along dim (`sizes` gives every rank's size; empty = all equal to local's).
+  torch::Tensor all_gather(const torch::Tensor& local, int64_t dim = 0, const std::vector<int64_t>& sizes = {});
+  // Sums `full` over ranks and returns this rank's chunk along dim 0 (`sizes`:
+  // every rank's chunk length; empty = equal chunks).
+  torch::Tensor reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
+  void barrier();
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::vector<int> global_ranks_;
+  std::string name_ = "self";
+  int rank_ = 0;
+  int size_ = 1;
+  CommStats stats_;
+};
+
+}  // namespace autotp

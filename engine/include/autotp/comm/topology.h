@@ -1,0 +1,46 @@
+// Topology: world = dp x tp with the ranks of one tp group contiguous
+// (rank = dp_rank * tp + tp_rank). Owns the world, tp and dp groups; nothing
+// else creates process groups.
+#pragma once
+#include <memory>
+
+#include "autotp/comm/comm.h"
+#include "autotp/comm/dist_env.h"
+#include "autotp/comm/process_group.h"
+
+namespace autotp {
+
+struct TopologyOptions {
+  int tp_size = 1;                                   // tensor_parallel.autotp_size
+  Backend backend = Backend::kGloo;                  // gloo for CPU tensors
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
+};
+
+class Topology {
+ public:
+  // Validates tp_size against world size (UserError: "autotp_size 3 does not divide world size 4")
+  // and creates the groups (TCPStore rendezvous from env when world_size > 1).
+  static std::shared_ptr<Topology> create(const DistEnv& env, const TopologyOptions& options = {});
+  // A world of one process (tp = dp = 1).
+  static std::shared_ptr<Topology> single();
+  // Same as create() but over an existing store (tests with a FileStore).
+  static std::shared_ptr<Topology> create_with_store(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                     int world_size, const TopologyOptions& options = {});
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int tp_size() const { return tp_size_; }
+  int dp_size() const { return world_size_ / tp_size_; }
+  int tp_rank() const { return rank_ % tp_size_; }
+  int dp_rank() const { return rank_ / tp_size_; }
+
+  Comm& world() { return *world_; }
+  Comm& tp() { return *tp_; }
+  Comm& dp() { return *dp_; }
+
+ private:
+  int rank_ = 0, world_size_ = 1, tp_size_ = 1;
+  std::unique_ptr<Comm> world_, tp_, dp_;
+};
+
+}  // namespace autotp

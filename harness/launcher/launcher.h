@@ -1,0 +1,52 @@
+// Local launcher: starts N ranks of a command by exec (never fork-only, since
+// LibTorch's thread pools do not survive a fork), sets the torchrun-style
+// environment, forwards their output, and fails fast when one rank fails.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+namespace autotp::launcher {
+
+struct LaunchOptions {
+  int nproc = 1;                               // number of local ranks to start
+  std::vector<std::string> argv;               // program and arguments each rank runs (argv[0] = path)
+  std::map<std::string, std::string> env;      // extra environment for every rank
+  int threads_per_rank = 0;                    // 0 = max(1, cores / nproc)
+  double kill_grace_s = 2.0;                   // after a failure: SIGTERM, then SIGKILL after this
+  bool prefix_output = false;                  // prefix forwarded lines with "[rank N] "
+  bool quiet = false;                          // do not forward rank output (still kept for the tail)
+};
+
+struct RankOutcome {
+  int rank = 0;
+  int exit_code = 0;                           // exit status, or 128 + signal
+  bool killed_by_launcher = false;             // stopped because another rank failed
+  std::string output_tail;                     // last lines of its stderr/stdout
+};
+
+struct LaunchResult {
+  int exit_code = 0;                           // 0 when every rank succeeded, else the first failure's code
+  int failed_rank = -1;                        // first rank that failed on its own, -1 if none
+  std::vector<RankOutcome> ranks;
+  std::string summary;                         // human message naming the failed rank and its tail
+};
+
+// True when RANK and WORLD_SIZE are in the environment (torchrun, SLURM wrappers,
+// or a rank started by launch_local): the process then joins that world.
+bool in_distributed_world();
+
+// Picks a free TCP port on 127.0.0.1.
+int free_port();
+
+// Starts the ranks with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1, MASTER_PORT (free port unless set in env) and
+// OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / AUTOTP_THREADS = threads_per_rank; waits for all.
+// When a rank exits non-zero the others get SIGTERM (then SIGKILL) and the
+// result names the failing rank with the tail of its output.
+LaunchResult launch_local(const LaunchOptions& options);
+
+// Path of the running executable (/proc/self/exe resolved).
+std::string self_executable();
+
+}  // namespace autotp::launcher
