@@ -9,27 +9,27 @@
 namespace autotp::launcher {
 
 struct LaunchOptions {
-  int nproc = 1;                               // number of local ranks to start
-  std::vector<std::string> argv;               // program and arguments each rank runs (argv[0] = path)
-  std::map<std::string, std::string> env;      // extra environment for every rank
-  int threads_per_rank = 0;                    // 0 = max(1, cores / nproc)
-  double kill_grace_s = 2.0;                   // after a failure: SIGTERM, then SIGKILL after this
-  bool prefix_output = false;                  // prefix forwarded lines with "[rank N] "
-  bool quiet = false;                          // do not forward rank output (still kept for the tail)
+  int nproc = 1;                           // number of local ranks to start
+  std::vector<std::string> argv;           // program and arguments each rank runs (argv[0] = path)
+  std::map<std::string, std::string> env;  // extra environment for every rank
+  int threads_per_rank = 0;                // 0 = max(1, cores / nproc)
+  double kill_grace_s = 2.0;               // after a failure: SIGTERM, then SIGKILL after this
+  bool prefix_output = false;              // prefix forwarded lines with "[rank N] "
+  bool quiet = false;                      // do not forward rank output (still kept for the tail)
 };
 
 struct RankOutcome {
   int rank = 0;
-  int exit_code = 0;                           // exit status, or 128 + signal
-  bool killed_by_launcher = false;             // stopped because another rank failed
-  std::string output_tail;                     // last lines of its stderr/stdout
+  int exit_code = 0;                // exit status, or 128 + signal
+  bool killed_by_launcher = false;  // stopped by the launcher (another rank failed, or it was interrupted)
+  std::string output_tail;          // last lines of its stderr/stdout
 };
 
 struct LaunchResult {
-  int exit_code = 0;                           // 0 when every rank succeeded, else the first failure's code
-  int failed_rank = -1;                        // first rank that failed on its own, -1 if none
+  int exit_code = 0;     // 0 when every rank succeeded, else the first failure's code
+  int failed_rank = -1;  // first rank that failed on its own, -1 if none
   std::vector<RankOutcome> ranks;
-  std::string summary;                         // human message naming the failed rank and its tail
+  std::string summary;  // human message naming the failed rank and its tail
 };
 
 // True when RANK and WORLD_SIZE are in the environment (torchrun, SLURM wrappers,
@@ -43,10 +43,22 @@ int free_port();
 // MASTER_ADDR=127.0.0.1, MASTER_PORT (free port unless set in env) and
 // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / AUTOTP_THREADS = threads_per_rank; waits for all.
 // When a rank exits non-zero the others get SIGTERM (then SIGKILL) and the
-// result names the failing rank with the tail of its output.
+// result names the failing rank with the tail of its output. SIGINT/SIGTERM to
+// the launcher are forwarded to the ranks while it runs (one launch_local at a
+// time per process: it installs the handlers for its duration).
 LaunchResult launch_local(const LaunchOptions& options);
 
 // Path of the running executable (/proc/self/exe resolved).
 std::string self_executable();
+
+// CPUs this process may run on (its affinity mask); the default threads_per_rank
+// is max(1, available_cores() / nproc).
+int available_cores();
+
+// Called by a rank that is about to exit with an error: writes the time and
+// the message to the file named by AUTOTP_ERROR_FILE (set by launch_local), so
+// the launcher can tell the rank that failed first from peers whose collectives
+// broke because of it. Does nothing outside a launch_local world.
+void record_rank_failure(const std::string& message);
 
 }  // namespace autotp::launcher

@@ -1,15 +1,16 @@
 // Comm: synchronous collectives over one process group (a tp group, a dp group
 // or the world). A group of size 1 performs no communication. Every call blocks
 // until done or the group's timeout fires (then it throws naming the op).
-// Not thread safe: one caller per Comm.
+// Not thread safe: one caller per Comm. Operations are not recorded by autograd
+// (see autograd_collectives.h). On a size-1 group all_gather and reduce_scatter
+// return their argument itself; otherwise results are fresh tensors.
 #pragma once
 #include <torch/torch.h>
 
 #include <chrono>
 #include <memory>
-#include <vector>
-
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
 
 namespace autotp {
 
@@ -18,7 +19,7 @@ enum class ReduceOp { kSum, kMax, kMin };
 // Counts what went through a Comm (benchmarks and communication-volume checks).
 struct CommStats {
   int64_t all_reduce_calls = 0, all_reduce_bytes = 0;
-  int64_t all_gather_calls = 0, all_gather_bytes = 0;      // bytes of the gathered output
+  int64_t all_gather_calls = 0, all_gather_bytes = 0;          // bytes of the gathered output
   int64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;  // bytes of the full input
   int64_t broadcast_calls = 0, broadcast_bytes = 0;
 };
@@ -28,11 +29,12 @@ class Comm {
   // A single-process group (no communication).
   Comm();
   // ranks: the global ranks of the members, in group-rank order (for messages).
+  // `group` may be null only for a one-member group.
   Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name);
 
-  int rank() const { return rank_; }   // rank within this group
+  int rank() const { return rank_; }  // rank within this group
   int size() const { return size_; }
-  const std::string& name() const { return name_; }          // "tp", "dp", "world"
+  const std::string& name() const { return name_; }  // "tp", "dp", "world"
   const std::vector<int>& global_ranks() const { return global_ranks_; }
 
   // In place.
@@ -40,9 +42,12 @@ class Comm {
   void broadcast(torch::Tensor& tensor, int root = 0);
   // Concatenates each rank's `local` along `dim`; ranks may hold different sizes
   // along dim (`sizes` gives every rank's size; empty = all equal to local's).
-  torch::Tensor all_gather(const torch::Tensor& local, int64_t dim = 0, const std::vector<int64_t>& sizes = {});
+  torch::Tensor all_gather(const torch::Tensor& local, int64_t dim = 0,
+                           const std::vector<int64_t>& sizes = {});
   // Sums `full` over ranks and returns this rank's chunk along dim 0 (`sizes`:
-  // every rank's chunk length; empty = equal chunks).
+  // every rank's chunk length; empty = equal chunks). LibTorch 1.13's Gloo has no
+  // reduce_scatter, so this is an all-reduce of `full` followed by a copy of the
+  // own chunk (twice the traffic of a true reduce-scatter).
   torch::Tensor reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
   void barrier();
 
@@ -50,6 +55,11 @@ class Comm {
   void reset_stats() { stats_ = {}; }
 
  private:
+  // Starts one c10d op and waits; failures rethrown naming the op and the group.
+  template <typename Start>
+  void run(const char* op, Start&& start);
+  void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
+
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<int> global_ranks_;
   std::string name_ = "self";

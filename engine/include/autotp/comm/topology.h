@@ -11,8 +11,8 @@
 namespace autotp {
 
 struct TopologyOptions {
-  int tp_size = 1;                                   // tensor_parallel.autotp_size
-  Backend backend = Backend::kGloo;                  // gloo for CPU tensors
+  int tp_size = 1;                                             // tensor_parallel.autotp_size
+  Backend backend = Backend::kGloo;                            // gloo for CPU tensors
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
 };
 
@@ -34,12 +34,24 @@ class Topology {
   int tp_rank() const { return rank_ % tp_size_; }
   int dp_rank() const { return rank_ / tp_size_; }
 
+  // The mesh as pure functions (no groups needed), for planning and tests.
+  // validate: UserError unless 1 <= tp_size and tp_size divides world_size.
+  static void validate(int world_size, int tp_size);
+  struct Coordinates {
+    int dp_rank = 0, tp_rank = 0;
+  };
+  static Coordinates coordinates(int rank, int tp_size);
+  // Global ranks of the tp group / dp group that `rank` belongs to, in group-rank order.
+  static std::vector<int> tp_group_ranks(int rank, int world_size, int tp_size);
+  static std::vector<int> dp_group_ranks(int rank, int world_size, int tp_size);
+
   Comm& world() { return *world_; }
   Comm& tp() { return *tp_; }
   Comm& dp() { return *dp_; }
 
  private:
   int rank_ = 0, world_size_ = 1, tp_size_ = 1;
+  c10::intrusive_ptr<c10d::Store> store_;  // kept alive with the groups (rank 0 hosts a TCPStore)
   std::unique_ptr<Comm> world_, tp_, dp_;
 };
 

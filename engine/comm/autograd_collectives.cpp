@@ -1,0 +1,121 @@
+#include "autotp/comm/autograd_collectives.h"
+
+#include <c10/core/WrapDimMinimal.h>
+
+#include <numeric>
+
+namespace autotp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The Comm travels through the autograd graph as an address; it must outlive
+// backward (a Topology's groups live as long as the model that uses them).
+int64_t comm_handle(Comm& comm) { return reinterpret_cast<int64_t>(&comm); }
+Comm& comm_from(AutogradContext* ctx) { return *reinterpret_cast<Comm*>(ctx->saved_data.at("comm").toInt()); }
+
+// Every rank's extent along dim; empty `sizes` means an even split of `total`.
+std::vector<int64_t> extents_for(const Comm& comm, const std::vector<int64_t>& sizes, int64_t total,
+                                 const char* op) {
+  if (!sizes.empty()) {
+    TORCH_CHECK(static_cast<int>(sizes.size()) == comm.size(), op, ": ", sizes.size(),
+                " sizes given for group '", comm.name(), "' of size ", comm.size());
+    return sizes;
+  }
+  TORCH_CHECK(total % comm.size() == 0, op, ": extent ", total, " does not split evenly over group '",
+              comm.name(), "' of size ", comm.size(), "; pass sizes");
+  return std::vector<int64_t>(comm.size(), total / comm.size());
+}
+
+int64_t offset_of(const std::vector<int64_t>& extents, int rank) {
+  return std::accumulate(extents.begin(), extents.begin() + rank, int64_t{0});
+}
+
+struct CopyToTp : torch::autograd::Function<CopyToTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm) {
+    ctx->saved_data["comm"] = comm_handle(*comm);
+    return input;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // The incoming gradient may be shared with other consumers: reduce a copy.
+    torch::Tensor grad = grads[0].clone(at::MemoryFormat::Contiguous);
+    comm_from(ctx).all_reduce(grad);
+    return {grad, torch::Tensor()};
+  }
+};
+
+struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm) {
+    torch::Tensor output = input.clone(at::MemoryFormat::Contiguous);
+    comm->all_reduce(output);
+    return output;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], torch::Tensor()};
+  }
+};
+
+struct GatherFromTp : torch::autograd::Function<GatherFromTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
+                               std::vector<int64_t> sizes) {
+    TORCH_CHECK(input.dim() > 0, "gather_from_tp: cannot gather a 0-dim tensor");
+    dim = c10::maybe_wrap_dim(dim, input.dim());
+    if (sizes.empty()) sizes.assign(comm->size(), input.size(dim));
+    ctx->saved_data["comm"] = comm_handle(*comm);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["sizes"] = sizes;
+    return comm->all_gather(input, dim, sizes);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Comm& comm = comm_from(ctx);
+    const int64_t dim = ctx->saved_data.at("dim").toInt();
+    const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();
+    torch::Tensor grad = grads[0].narrow(dim, offset_of(sizes, comm.rank()), sizes[comm.rank()]);
+    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ScatterToTp : torch::autograd::Function<ScatterToTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
+                               const std::vector<int64_t>& sizes) {
+    TORCH_CHECK(input.dim() > 0, "scatter_to_tp: cannot scatter a 0-dim tensor");
+    dim = c10::maybe_wrap_dim(dim, input.dim());
+    std::vector<int64_t> extents = extents_for(*comm, sizes, input.size(dim), "scatter_to_tp");
+    const int64_t total = std::accumulate(extents.begin(), extents.end(), int64_t{0});
+    TORCH_CHECK(total == input.size(dim), "scatter_to_tp: sizes sum to ", total, " but dim ", dim, " has ",
+                input.size(dim));
+    ctx->saved_data["comm"] = comm_handle(*comm);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["sizes"] = extents;
+    // A copy: the shard must not alias (and keep alive) the full tensor.
+    return input.narrow(dim, offset_of(extents, comm->rank()), extents[comm->rank()])
+        .clone(at::MemoryFormat::Contiguous);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Comm& comm = comm_from(ctx);
+    const int64_t dim = ctx->saved_data.at("dim").toInt();
+    const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();
+    return {comm.all_gather(grads[0], dim, sizes), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor copy_to_tp(const torch::Tensor& input, Comm& comm) { return CopyToTp::apply(input, &comm); }
+
+torch::Tensor reduce_from_tp(const torch::Tensor& input, Comm& comm) {
+  return ReduceFromTp::apply(input, &comm);
+}
+
+torch::Tensor gather_from_tp(const torch::Tensor& input, Comm& comm, int64_t dim,
+                             const std::vector<int64_t>& sizes) {
+  return GatherFromTp::apply(input, &comm, dim, sizes);
+}
+
+torch::Tensor scatter_to_tp(const torch::Tensor& input, Comm& comm, int64_t dim,
+                            const std::vector<int64_t>& sizes) {
+  return ScatterToTp::apply(input, &comm, dim, sizes);
+}
+
+}  // namespace autotp

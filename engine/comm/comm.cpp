@@ -1,0 +1,217 @@
+#include "autotp/comm/comm.h"
+
+#include <c10/core/WrapDimMinimal.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+
+namespace autotp {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp ", static_cast<int>(op));
+}
+
+std::string error_text(const std::exception& error) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
+// Gloo in LibTorch 1.13 handles only float, double, half, int8, uint8, int32
+// and int64. bfloat16 reductions run in fp32 (also more accurate); broadcast and
+// all_gather only move bytes, so other types travel as a supported type of the
+// same width.
+torch::Tensor reduction_buffer(const torch::Tensor& tensor) {
+  if (tensor.scalar_type() == torch::kBFloat16) return tensor.to(torch::kFloat32);
+  return tensor.contiguous();
+}
+torch::Tensor movement_view(const torch::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case torch::kFloat32:
+    case torch::kFloat64:
+    case torch::kFloat16:
+    case torch::kInt8:
+    case torch::kUInt8:
+    case torch::kInt32:
+    case torch::kInt64:
+      return tensor;
+    default:
+      break;
+  }
+  switch (tensor.element_size()) {
+    case 1:
+      return tensor.view(torch::kUInt8);
+    case 2:
+      return tensor.view(torch::kFloat16);
+    case 4:
+      return tensor.view(torch::kInt32);
+    case 8:
+      return tensor.view(torch::kInt64);
+    default:
+      return tensor;  // Gloo names the type it rejects
+  }
+}
+
+}  // namespace
+
+Comm::Comm() : global_ranks_{0} {}
+
+Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name)
+    : group_(std::move(group)), global_ranks_(std::move(global_ranks)), name_(std::move(name)) {
+  if (group_) {
+    rank_ = group_->getRank();
+    size_ = group_->getSize();
+  }
+  TORCH_CHECK(group_ || global_ranks_.size() == 1, "Comm '", name_, "': a group of ", global_ranks_.size(),
+              " ranks needs a process group");
+  TORCH_CHECK(static_cast<int>(global_ranks_.size()) == size_, "Comm '", name_, "': ", global_ranks_.size(),
+              " global ranks given for a process group of size ", size_);
+}
+
+// Blocks on one collective; any failure (Gloo timeout, a peer that died, a bad
+// argument) becomes an error naming the op and the group, so that a rank's last
+// words say which collective in which group broke.
+template <typename Start>
+void Comm::run(const char* op, Start&& start) {
+  try {
+    c10::intrusive_ptr<c10d::Work> work = start();
+    work->wait();
+  } catch (const std::exception& error) {
+    throw std::runtime_error(
+        fmt::format("Comm::{} on group '{}' (rank {} of {}, global ranks [{}]) failed: {}", op, name_, rank_,
+                    size_, fmt::join(global_ranks_, ", "), error_text(error)));
+  }
+}
+
+void Comm::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  if (size_ == 1) return;
+  stats_.all_reduce_calls += 1;
+  stats_.all_reduce_bytes += static_cast<int64_t>(tensor.nbytes());
+  all_reduce_in_place(tensor, op, "all_reduce");
+}
+
+void Comm::all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name) {
+  if (tensor.numel() == 0) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor buffer = reduction_buffer(tensor);
+  run(op_name, [&] {
+    std::vector<at::Tensor> tensors{buffer};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    return group_->allreduce(tensors, options);
+  });
+  if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+}
+
+void Comm::broadcast(torch::Tensor& tensor, int root) {
+  TORCH_CHECK(root >= 0 && root < size_, "Comm::broadcast on group '", name_, "': root ", root,
+              " is not a rank of a group of size ", size_);
+  if (size_ == 1) return;
+  stats_.broadcast_calls += 1;
+  stats_.broadcast_bytes += static_cast<int64_t>(tensor.nbytes());
+  if (tensor.numel() == 0) return;
+  torch::NoGradGuard no_grad;
+  torch::Tensor buffer = movement_view(tensor.contiguous());
+  run("broadcast", [&] {
+    std::vector<at::Tensor> tensors{buffer};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    options.rootTensor = 0;
+    return group_->broadcast(tensors, options);
+  });
+  if (!tensor.is_contiguous()) tensor.copy_(buffer.view(tensor.scalar_type()));
+}
+
+torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) {
+  TORCH_CHECK(local.dim() > 0, "Comm::all_gather on group '", name_, "': cannot gather a 0-dim tensor");
+  dim = c10::maybe_wrap_dim(dim, local.dim());
+  std::vector<int64_t> extents = sizes.empty() ? std::vector<int64_t>(size_, local.size(dim)) : sizes;
+  TORCH_CHECK(static_cast<int>(extents.size()) == size_, "Comm::all_gather on group '", name_,
+              "': ", extents.size(), " sizes given for a group of size ", size_);
+  TORCH_CHECK(extents[rank_] == local.size(dim), "Comm::all_gather on group '", name_, "': rank ", rank_,
+              " holds ", local.size(dim), " along dim ", dim, " but sizes say ", extents[rank_]);
+  if (size_ == 1) return local;
+
+  const int64_t max_extent = *std::max_element(extents.begin(), extents.end());
+  const int64_t total = std::accumulate(extents.begin(), extents.end(), int64_t{0});
+  std::vector<int64_t> gathered_shape = local.sizes().vec();
+  gathered_shape[dim] = total;
+  stats_.all_gather_calls += 1;
+  stats_.all_gather_bytes +=
+      static_cast<int64_t>(c10::multiply_integers(gathered_shape) * local.element_size());
+
+  std::vector<int64_t> padded_shape = local.sizes().vec();
+  padded_shape[dim] = max_extent;
+  if (c10::multiply_integers(padded_shape) == 0) return torch::empty(gathered_shape, local.options());
+
+  torch::NoGradGuard no_grad;
+  // Gloo's allgather needs every rank's block to have the same shape: uneven
+  // shards are padded to the largest and cut back after the gather.
+  torch::Tensor input;
+  if (local.size(dim) == max_extent) {
+    input = local.contiguous();
+  } else {
+    input = torch::zeros(padded_shape, local.options());
+    input.narrow(dim, 0, local.size(dim)).copy_(local);
+  }
+  std::vector<torch::Tensor> blocks;
+  blocks.reserve(size_);
+  for (int r = 0; r < size_; ++r) blocks.push_back(torch::empty(padded_shape, local.options()));
+  run("all_gather", [&] {
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (auto& block : blocks) outputs[0].push_back(movement_view(block));
+    std::vector<at::Tensor> inputs{movement_view(input)};
+    return group_->allgather(outputs, inputs);
+  });
+  for (int r = 0; r < size_; ++r) {
+    if (extents[r] != max_extent) blocks[r] = blocks[r].narrow(dim, 0, extents[r]);
+  }
+  return torch::cat(blocks, dim);
+}
+
+torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes) {
+  TORCH_CHECK(full.dim() > 0, "Comm::reduce_scatter on group '", name_, "': cannot scatter a 0-dim tensor");
+  std::vector<int64_t> extents = sizes;
+  if (extents.empty()) {
+    TORCH_CHECK(full.size(0) % size_ == 0, "Comm::reduce_scatter on group '", name_, "': ", full.size(0),
+                " rows do not split evenly over ", size_, " ranks; pass sizes");
+    extents.assign(size_, full.size(0) / size_);
+  }
+  TORCH_CHECK(static_cast<int>(extents.size()) == size_, "Comm::reduce_scatter on group '", name_,
+              "': ", extents.size(), " sizes given for a group of size ", size_);
+  const int64_t total = std::accumulate(extents.begin(), extents.end(), int64_t{0});
+  TORCH_CHECK(total == full.size(0), "Comm::reduce_scatter on group '", name_, "': sizes sum to ", total,
+              " but the tensor has ", full.size(0), " rows");
+  if (size_ == 1) return full;
+  stats_.reduce_scatter_calls += 1;
+  stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
+
+  const int64_t offset = std::accumulate(extents.begin(), extents.begin() + rank_, int64_t{0});
+  torch::NoGradGuard no_grad;
+  // LibTorch 1.13's ProcessGroupGloo implements neither reduce_scatter nor
+  // _reduce_scatter_base, so the whole tensor is summed and each rank keeps its
+  // rows: twice the traffic of a true reduce-scatter, same result (the comm
+  // benchmark measures what this costs).
+  torch::Tensor summed = full.clone(at::MemoryFormat::Contiguous);
+  all_reduce_in_place(summed, ReduceOp::kSum, "reduce_scatter");
+  // A copy, so the caller's chunk does not keep the full buffer alive.
+  return summed.narrow(0, offset, extents[rank_]).clone();
+}
+
+void Comm::barrier() {
+  if (size_ == 1) return;
+  run("barrier", [&] { return group_->barrier(); });
+}
+
+}  // namespace autotp

@@ -1,0 +1,126 @@
+// The only translation unit that calls c10d constructors (see process_group.h).
+#include "autotp/comm/process_group.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+// CUDA builds of LibTorch define USE_C10D_NCCL for code that uses ProcessGroupNCCL;
+// the header is present but empty without it.
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
+#include "autotp/runtime/error.h"
+
+namespace autotp {
+namespace {
+
+std::string error_text(const std::exception& error) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
+// TCPStore clients that find no server yet retry only after a full second.
+// Ranks start together, so rank 0's server is usually a few milliseconds late;
+// probing the port briefly first saves that second on every launch.
+void wait_for_listener(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool connected = false;
+  while (!connected && std::chrono::steady_clock::now() < deadline) {
+    for (addrinfo* address = addresses; address != nullptr && !connected; address = address->ai_next) {
+      const int fd = socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC, address->ai_protocol);
+      if (fd < 0) continue;
+      connected = connect(fd, address->ai_addr, address->ai_addrlen) == 0;
+      close(fd);
+    }
+    if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  freeaddrinfo(addresses);
+}
+
+}  // namespace
+
+Backend parse_backend(const std::string& name) {
+  if (name == "gloo") return Backend::kGloo;
+  if (name == "nccl") return Backend::kNccl;
+  throw_user_error("unknown communication backend '{}' (allowed: gloo, nccl)", name);
+}
+
+bool nccl_available() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<c10d::Store> create_tcp_store(const DistEnv& env, const StoreOptions& options) {
+  AUTOTP_USER_CHECK(env.master_port > 0, "MASTER_PORT must be set for a world of {} ranks", env.world_size);
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(env.master_port);
+  store_options.isServer = env.rank == 0;
+  store_options.numWorkers = env.world_size;
+  // The process-group rendezvous waits for every rank anyway; not waiting here
+  // keeps rank 0's constructor from blocking on ranks that never come.
+  store_options.waitWorkers = false;
+  store_options.timeout = options.timeout;
+  try {
+    if (!store_options.isServer) wait_for_listener(env.master_addr, env.master_port, options.timeout);
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  } catch (const std::exception& error) {
+    throw std::runtime_error(fmt::format("rank {} of {}: TCPStore rendezvous at {}:{} failed: {}", env.rank,
+                                         env.world_size, env.master_addr, env.master_port,
+                                         error_text(error)));
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> create_file_store(const std::string& path, int world_size) {
+  return c10::make_intrusive<c10d::FileStore>(path, world_size);
+}
+
+c10::intrusive_ptr<c10d::Store> prefix_store(const std::string& prefix,
+                                             c10::intrusive_ptr<c10d::Store> store) {
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(store));
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(Backend backend,
+                                                            c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                            int size, std::chrono::milliseconds timeout) {
+  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "create_process_group: rank ", rank,
+              " is not in a group of size ", size);
+  if (backend == Backend::kNccl) {
+#ifdef USE_C10D_NCCL
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+#else
+    throw UserError("ProcessGroupNCCL is not available in this LibTorch build (use backend gloo)");
+#endif
+  }
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  // Loopback by default (the local launcher's worlds); GLOO_SOCKET_IFNAME picks
+  // a real interface for multi-host Gloo, as in PyTorch.
+  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  }
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+}
+
+}  // namespace autotp

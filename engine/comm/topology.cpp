@@ -1,0 +1,136 @@
+#include "autotp/comm/topology.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+
+namespace autotp {
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> result;
+  for (int d = 1; d <= n; ++d) {
+    if (n % d == 0) result.push_back(d);
+  }
+  return result;
+}
+
+// Rendezvous failures (a rank that never came, a timeout) name the group.
+c10::intrusive_ptr<c10d::ProcessGroup> open_group(const TopologyOptions& options,
+                                                  const c10::intrusive_ptr<c10d::Store>& store,
+                                                  const std::string& prefix, int group_rank, int group_size,
+                                                  int global_rank) {
+  try {
+    return create_process_group(options.backend, prefix_store(prefix, store), group_rank, group_size,
+                                options.timeout);
+  } catch (const c10::Error& error) {
+    throw std::runtime_error(fmt::format("rank {}: creating process group '{}' ({} ranks) failed: {}",
+                                         global_rank, prefix, group_size, error.what_without_backtrace()));
+  }
+}
+
+// A one-member group: no process group, no communication.
+std::unique_ptr<Comm> solo(int global_rank, const char* name) {
+  return std::make_unique<Comm>(c10::intrusive_ptr<c10d::ProcessGroup>(), std::vector<int>{global_rank},
+                                name);
+}
+
+}  // namespace
+
+void Topology::validate(int world_size, int tp_size) {
+  TORCH_CHECK(world_size >= 1, "Topology: world size ", world_size, " must be at least 1");
+  if (tp_size < 1 || world_size % tp_size != 0) {
+    throw_user_error("autotp_size {} does not divide world size {} (allowed: {})", tp_size, world_size,
+                     fmt::join(divisors(world_size), ", "));
+  }
+}
+
+Topology::Coordinates Topology::coordinates(int rank, int tp_size) {
+  TORCH_CHECK(rank >= 0 && tp_size >= 1, "Topology::coordinates: bad rank ", rank, " or tp size ", tp_size);
+  return {rank / tp_size, rank % tp_size};
+}
+
+std::vector<int> Topology::tp_group_ranks(int rank, int world_size, int tp_size) {
+  validate(world_size, tp_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "Topology: rank ", rank, " outside world of ", world_size);
+  std::vector<int> ranks;
+  const int first = coordinates(rank, tp_size).dp_rank * tp_size;
+  for (int t = 0; t < tp_size; ++t) ranks.push_back(first + t);
+  return ranks;
+}
+
+std::vector<int> Topology::dp_group_ranks(int rank, int world_size, int tp_size) {
+  validate(world_size, tp_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "Topology: rank ", rank, " outside world of ", world_size);
+  std::vector<int> ranks;
+  const int tp_rank = coordinates(rank, tp_size).tp_rank;
+  for (int d = 0; d < world_size / tp_size; ++d) ranks.push_back(d * tp_size + tp_rank);
+  return ranks;
+}
+
+std::shared_ptr<Topology> Topology::single() {
+  auto topology = std::shared_ptr<Topology>(new Topology());
+  topology->world_ = solo(0, "world");
+  topology->tp_ = solo(0, "tp");
+  topology->dp_ = solo(0, "dp");
+  return topology;
+}
+
+std::shared_ptr<Topology> Topology::create(const DistEnv& env, const TopologyOptions& options) {
+  validate(env.world_size, options.tp_size);
+  if (env.world_size == 1) return single();
+  StoreOptions store_options;
+  store_options.timeout = options.timeout;
+  return create_with_store(create_tcp_store(env, store_options), env.rank, env.world_size, options);
+}
+
+std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                      int world_size, const TopologyOptions& options) {
+  validate(world_size, options.tp_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "Topology: rank ", rank, " outside world of ", world_size);
+  if (world_size == 1) return single();
+
+  auto topology = std::shared_ptr<Topology>(new Topology());
+  topology->rank_ = rank;
+  topology->world_size_ = world_size;
+  topology->tp_size_ = options.tp_size;
+  topology->store_ = store;
+  const auto [dp_rank, tp_rank] = coordinates(rank, options.tp_size);
+  const int tp_size = options.tp_size;
+  const int dp_size = world_size / tp_size;
+
+  // Every rank builds the world group, then its own tp group, then its own dp
+  // group. A Gloo group's rendezvous involves only its members, and each member
+  // reaches its groups in the same order, so no rank waits on a group it is not in.
+  // Each group gets its own key prefix in the shared store.
+  std::vector<int> all(world_size);
+  for (int r = 0; r < world_size; ++r) all[r] = r;
+  auto world_group = open_group(options, store, "world", rank, world_size, rank);
+  topology->world_ = std::make_unique<Comm>(world_group, all, "world");
+
+  // A tp (dp) group that spans the world reuses the world's process group
+  // rather than opening a second full mesh of connections.
+  if (tp_size == 1) {
+    topology->tp_ = solo(rank, "tp");
+  } else if (tp_size == world_size) {
+    topology->tp_ = std::make_unique<Comm>(world_group, all, "tp");
+  } else {
+    auto group = open_group(options, store, fmt::format("tp/{}", dp_rank), tp_rank, tp_size, rank);
+    topology->tp_ = std::make_unique<Comm>(group, tp_group_ranks(rank, world_size, tp_size), "tp");
+  }
+  if (dp_size == 1) {
+    topology->dp_ = solo(rank, "dp");
+  } else if (dp_size == world_size) {
+    topology->dp_ = std::make_unique<Comm>(world_group, all, "dp");
+  } else {
+    auto group = open_group(options, store, fmt::format("dp/{}", tp_rank), dp_rank, dp_size, rank);
+    topology->dp_ = std::make_unique<Comm>(group, dp_group_ranks(rank, world_size, tp_size), "dp");
+  }
+  log().debug("topology: rank {} of {} -> dp {} of {}, tp {} of {}", rank, world_size, dp_rank, dp_size,
+              tp_rank, tp_size);
+  return topology;
+}
+
+}  // namespace autotp

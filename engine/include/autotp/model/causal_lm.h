@@ -1,0 +1,100 @@
+// CausalLM: one HF causal language model (Llama family or GPT-2), holding this
+// rank's shards of every parameter as laid out by a TpPlan. The model code is
+// written once; the plan decides which layers are split, so tp = 1 and tp = N
+// run the same code. Parameters are leaf tensors with requires_grad; callers
+// (the training engine) may re-home them into flat buffers.
+// Not thread safe.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autotp/comm/comm.h"
+#include "autotp/io/safetensors.h"
+#include "autotp/model/model_config.h"
+#include "autotp/tp/tp_plan.h"
+
+namespace autotp {
+
+struct Parameter {
+  const PlanEntry* entry = nullptr;  // desc (HF name, shape), role and ShardSpec
+  torch::Tensor tensor;              // this rank's shard
+  const std::string& name() const { return entry->desc.name; }
+  const ShardSpec& spec() const { return entry->spec; }
+};
+
+struct LoadReport {
+  int64_t bytes_read = 0;            // bytes of tensor data this rank read
+  int64_t peak_rss_bytes = 0;        // process peak resident set after loading
+};
+
+class CausalLM {
+ public:
+  // Allocates uninitialised shards for tp rank `tp.rank()` of the plan.
+  CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype = torch::kFloat32);
+
+  const ModelConfig& config() const { return config_; }
+  const TpPlan& plan() const { return plan_; }
+  torch::ScalarType dtype() const { return dtype_; }
+  Comm& tp() { return tp_; }
+  std::vector<Parameter>& parameters() { return params_; }
+  Parameter& parameter(const std::string& name);
+
+  // Seeded init (normal(0, 0.02) matrices, unit norms, zero biases); every tp
+  // layout gets the same logical values.
+  void init_random(uint64_t seed);
+  // Reads this rank's slices from an HF checkpoint. Accepts names with or
+  // without the base-model prefix and skips known buffers (GPT-2 attn.bias /
+  // attn.masked_bias, rotary inv_freq); other missing or unexpected tensors are a
+  // UserError listing them.
+  LoadReport load(const io::CheckpointReader& checkpoint);
+
+  // Local vocab shard of the logits [batch, seq, V_local] and its first vocab id.
+  torch::Tensor forward(const torch::Tensor& input_ids);
+  int64_t vocab_start() const;
+  // Per-token cross-entropy [batch, seq] (fp32, 0 where target == -100) of
+  // predicting `targets` at each position of `input_ids`; logits never gathered.
+  torch::Tensor token_losses(const torch::Tensor& input_ids, const torch::Tensor& targets);
+  // Full logits [batch, seq, vocab], gathered over the tp group (for output only).
+  torch::Tensor full_logits(const torch::Tensor& input_ids);
+
+  // The whole (logical) tensor of a parameter, gathered over the tp group; every rank gets it.
+  torch::Tensor gather(const Parameter& p);
+  // Gradient of the whole tensor; call sync_shared_grads() first.
+  torch::Tensor gather_grad(const Parameter& p);
+  // Sums the gradients of slices held by several ranks (kv heads shared under
+  // GQA) over their holders, so every holder has the full gradient.
+  void sync_shared_grads();
+
+ private:
+  torch::Tensor hidden_states(const torch::Tensor& input_ids);
+  torch::Tensor llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,
+                            const torch::Tensor& sin);
+  torch::Tensor gpt2_layer(int64_t layer, const torch::Tensor& x);
+  torch::Tensor attention(const std::string& prefix, const torch::Tensor& q, const torch::Tensor& k,
+                          const torch::Tensor& v);
+  torch::Tensor linear(const std::string& module, const torch::Tensor& x);
+  torch::Tensor embed(const torch::Tensor& ids);
+  torch::Tensor lm_head_logits(const torch::Tensor& hidden);
+  const Parameter* find(const std::string& name) const;
+  torch::Tensor tensor(const std::string& name) const;
+
+  ModelConfig config_;
+  TpPlan plan_;
+  Comm& tp_;
+  torch::ScalarType dtype_;
+  std::vector<Parameter> params_;
+  std::map<std::string, size_t> index_;
+};
+
+// Local query-head range [first, first + count) of rank `tp_rank` for a q
+// projection spec, and the local kv head each local query head reads.
+struct LocalHeads {
+  int64_t first = 0, count = 0;
+  std::vector<int64_t> kv_index;  // per local query head: index into the local kv heads
+};
+LocalHeads local_heads(const ModelConfig& config, const ShardSpec& q_spec, int tp_rank);
+
+}  // namespace autotp

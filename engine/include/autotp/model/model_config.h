@@ -1,0 +1,46 @@
+// Typed view of an HF config.json for the supported architectures. Parsing
+// rejects what the engine does not implement (rope_scaling, other activations,
+// sliding windows that would matter) instead of training a different model.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace autotp {
+
+enum class ModelFamily { kLlama, kGpt2 };
+
+struct ModelConfig {
+  std::string architecture;      // architectures[0], e.g. "LlamaForCausalLM"
+  ModelFamily family = ModelFamily::kLlama;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // GPT-2: n_inner or 4 * n_embd
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;       // = num_heads without GQA (always for GPT-2)
+  int64_t head_dim = 0;           // Llama: head_dim key or hidden / heads
+  int64_t max_positions = 0;      // GPT-2 n_positions; Llama max_position_embeddings
+  double norm_eps = 1e-5;         // rms_norm_eps / layer_norm_epsilon
+  double rope_theta = 10000.0;
+  bool qkv_bias = false;          // attention_bias, or Qwen2's always-on q/k/v bias
+  bool o_bias = false;            // attention_bias (Llama/Mistral); never in Qwen2
+  bool mlp_bias = false;          // Llama mlp_bias
+  bool tie_word_embeddings = false;
+  std::string torch_dtype = "float32";  // as written in config.json
+  nlohmann::json raw;             // the original config, written back on export
+
+  // Parses and validates; `source` names the file in error messages (UserError).
+  static ModelConfig from_json(const nlohmann::json& json, const std::string& source);
+  static ModelConfig from_file(const std::string& path);
+
+  int64_t kv_group_size() const { return num_heads / num_kv_heads; }  // query heads per kv head
+  // Prefix of the base model in HF parameter names: "model." or "transformer.".
+  std::string base_prefix() const { return family == ModelFamily::kGpt2 ? "transformer." : "model."; }
+};
+
+// Architectures accepted in config.json "architectures".
+const std::vector<std::string>& supported_architectures();
+
+}  // namespace autotp

@@ -1,0 +1,30 @@
+// Tensor-parallel layers as functions over local shards. With a tp group of
+// size 1 each is the plain layer. Weights are [out, in] (pass a Conv1D weight
+// transposed).
+#pragma once
+#include <torch/torch.h>
+
+#include "autotp/comm/comm.h"
+
+namespace autotp {
+
+// y_local = x W_local^T + b_local. x is whole on every rank; forward is identity
+// on x, backward all-reduces x's gradient over the tp group.
+torch::Tensor column_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight,
+                                     const torch::Tensor& bias, Comm& tp);
+// y = all_reduce(x_local W_local^T) + b. x is split along its last dim like W's
+// input dim; the (replicated) bias is added once, after the reduce.
+torch::Tensor row_parallel_linear(const torch::Tensor& x_local, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, Comm& tp);
+// Rows [vocab_start, vocab_start + weight.size(0)) of the embedding live on this
+// rank: ids outside give zeros, then the partial results are all-reduced.
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& weight, int64_t vocab_start,
+                                       Comm& tp);
+// Cross-entropy of logits split over the vocab ([N, V_local], columns
+// [vocab_start, vocab_start + V_local)) without gathering them: max and
+// sum-exp are reduced over the tp group. Returns the per-token loss [N] in fp32,
+// 0 where target == ignore_index.
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, const torch::Tensor& targets,
+                                           int64_t vocab_start, Comm& tp, int64_t ignore_index = -100);
+
+}  // namespace autotp

@@ -1,0 +1,349 @@
+#include "autotp/model/causal_lm.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
+
+#include <cmath>
+#include <regex>
+#include <set>
+
+#include "autotp/comm/autograd_collectives.h"
+#include "autotp/runtime/error.h"
+#include "autotp/tp/parallel_layers.h"
+
+namespace autotp {
+namespace {
+
+namespace F = torch::nn::functional;
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+Comm& self_comm() {
+  static Comm comm;
+  return comm;
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  // As HF: normalise in fp32, cast back, then scale.
+  auto h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+torch::Tensor gelu_new(const torch::Tensor& x) {
+  return 0.5 * x * (1.0 + torch::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * torch::pow(x, 3.0))));
+}
+
+bool is_split(const PlanEntry& e) { return e.role != TpRole::kReplicated; }
+
+}  // namespace
+
+LocalHeads local_heads(const ModelConfig& c, const ShardSpec& q_spec, int tp_rank) {
+  LocalHeads h;
+  if (q_spec.is_replicated()) {
+    h.count = c.num_heads;
+  } else {
+    const Segment& q = q_spec.segments(tp_rank).front();
+    h.first = q.start / c.head_dim;
+    h.count = q.length / c.head_dim;
+  }
+  int64_t group = c.kv_group_size(), kv_first = h.first / group;
+  for (int64_t i = 0; i < h.count; ++i) h.kv_index.push_back((h.first + i) / group - kv_first);
+  return h;
+}
+
+CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype)
+    : config_(std::move(config)), plan_(std::move(plan)), tp_(tp), dtype_(dtype) {
+  TORCH_CHECK(plan_.tp_size() == tp_.size(), "CausalLM: plan is for tp ", plan_.tp_size(), " but the tp group has ",
+              tp_.size(), " ranks");
+  for (const auto& e : plan_.entries()) {
+    Parameter p;
+    p.entry = &e;
+    p.tensor = torch::empty(e.spec.local_shape(tp_.rank()), torch::TensorOptions().dtype(dtype_));
+    p.tensor.requires_grad_(true);
+    index_[e.desc.name] = params_.size();
+    params_.push_back(std::move(p));
+  }
+}
+
+Parameter& CausalLM::parameter(const std::string& name) {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "CausalLM: no parameter named '", name, "'");
+  return params_[it->second];
+}
+
+const Parameter* CausalLM::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
+}
+
+torch::Tensor CausalLM::tensor(const std::string& name) const {
+  const Parameter* p = find(name);
+  return p ? p->tensor : torch::Tensor();
+}
+
+void CausalLM::init_random(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    const auto& d = p.entry->desc;
+    torch::Tensor full;
+    if (d.kind == ParamKind::kNorm)
+      full = d.name.size() > 5 && d.name.substr(d.name.size() - 5) == ".bias" ? torch::zeros(d.shape)
+                                                                            : torch::ones(d.shape);
+    else if (d.kind == ParamKind::kBias)
+      full = torch::zeros(d.shape);
+    else {
+      auto gen = at::detail::createCPUGenerator(seed ^ fnv1a(d.name));
+      full = torch::empty(d.shape).normal_(0.0, 0.02, gen);
+    }
+    p.tensor.copy_(p.spec().slice(full, tp_.rank()));
+  }
+}
+
+LoadReport CausalLM::load(const io::CheckpointReader& checkpoint) {
+  torch::NoGradGuard no_grad;
+  LoadReport report;
+  std::set<std::string> unused;
+  for (const auto& n : checkpoint.names()) unused.insert(n);
+  const std::string prefix = config_.base_prefix();
+  std::vector<std::string> missing;
+  for (auto& p : params_) {
+    const auto& d = p.entry->desc;
+    std::string stored = d.name;
+    if (!checkpoint.contains(stored) && d.name.rfind(prefix, 0) == 0) stored = d.name.substr(prefix.size());
+    if (!checkpoint.contains(stored)) {
+      missing.push_back(d.name);
+      continue;
+    }
+    unused.erase(stored);
+    const auto& info = checkpoint.info(stored);
+    AUTOTP_USER_CHECK(info.shape == d.shape, "checkpoint tensor '{}' has shape [{}], the config needs [{}]", stored,
+                      fmt::join(info.shape, ", "), fmt::join(d.shape, ", "));
+    const ShardSpec& spec = p.spec();
+    torch::Tensor local;
+    if (spec.is_replicated()) {
+      local = checkpoint.read(stored, dtype_);
+    } else {
+      std::vector<torch::Tensor> parts;
+      for (const auto& seg : spec.segments(tp_.rank()))
+        parts.push_back(checkpoint.read_slice(stored, spec.dim(), seg.start, seg.length, dtype_));
+      local = parts.size() == 1 ? parts[0] : torch::cat(parts, spec.dim());
+    }
+    report.bytes_read += local.numel() * static_cast<int64_t>(torch::elementSize(info.dtype));
+    p.tensor.copy_(local);
+  }
+  // Buffers HF keeps in state dicts, and tied heads saved anyway, are not parameters.
+  static const std::regex ignored(R"((^|.*\.)(attn\.bias|attn\.masked_bias|rotary_emb\.inv_freq)$)");
+  std::vector<std::string> unexpected;
+  for (const auto& n : unused) {
+    if (std::regex_match(n, ignored)) continue;
+    if (config_.tie_word_embeddings && n == "lm_head.weight") continue;
+    unexpected.push_back(n);
+  }
+  AUTOTP_USER_CHECK(missing.empty(), "checkpoint is missing {} tensor(s) the {} config needs: {}", missing.size(),
+                    config_.architecture, fmt::join(missing, ", "));
+  AUTOTP_USER_CHECK(unexpected.empty(), "checkpoint has {} unexpected tensor(s) for {}: {}", unexpected.size(),
+                    config_.architecture, fmt::join(unexpected, ", "));
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  report.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  return report;
+}
+
+torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x) {
+  // Local matmul only: the block entry/exit collectives are applied by the caller.
+  const Parameter* w = find(module + ".weight");
+  TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
+  torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
+  torch::Tensor bias = tensor(module + ".bias");
+  if (w->entry->role == TpRole::kRow) {
+    auto y = reduce_from_tp(torch::matmul(x, weight.t()), tp_);
+    return bias.defined() ? y + bias : y;
+  }
+  return F::linear(x, weight, bias);
+}
+
+torch::Tensor CausalLM::attention(const std::string& q_param, const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v) {
+  // q: [B, Hq, T, D]; k, v: [B, Hkv_local, T, D]
+  auto heads = local_heads(config_, find(q_param)->spec(), tp_.rank());
+  auto kv_index = torch::tensor(heads.kv_index, torch::kLong);
+  auto k_sel = k.index_select(1, kv_index), v_sel = v.index_select(1, kv_index);
+  const int64_t T = q.size(2);
+  torch::Tensor scores;
+  if (config_.family == ModelFamily::kGpt2)
+    scores = torch::matmul(q, k_sel.transpose(-1, -2)) / std::sqrt(static_cast<double>(config_.head_dim));
+  else
+    scores = torch::matmul(q, k_sel.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+  auto causal = torch::ones({T, T}, torch::kBool).triu(1);
+  scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
+  auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  auto out = torch::matmul(probs, v_sel);  // [B, H, T, D]
+  return out.transpose(1, 2).reshape({q.size(0), T, heads.count * config_.head_dim});
+}
+
+torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,
+                                    const torch::Tensor& sin) {
+  const std::string p = fmt::format("model.layers.{}.", layer);
+  const int64_t B = x.size(0), T = x.size(1), D = config_.head_dim;
+  auto h = rms_norm(x, tensor(p + "input_layernorm.weight"), config_.norm_eps);
+  const Parameter* q_w = find(p + "self_attn.q_proj.weight");
+  if (is_split(*q_w->entry)) h = copy_to_tp(h, tp_);
+  auto q = linear(p + "self_attn.q_proj", h).view({B, T, -1, D}).transpose(1, 2);
+  auto k = linear(p + "self_attn.k_proj", h).view({B, T, -1, D}).transpose(1, 2);
+  auto v = linear(p + "self_attn.v_proj", h).view({B, T, -1, D}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  auto attn = attention(p + "self_attn.q_proj.weight", q, k, v);
+  auto out = x + linear(p + "self_attn.o_proj", attn);
+
+  h = rms_norm(out, tensor(p + "post_attention_layernorm.weight"), config_.norm_eps);
+  if (is_split(*find(p + "mlp.gate_proj.weight")->entry)) h = copy_to_tp(h, tp_);
+  auto mlp = torch::silu(linear(p + "mlp.gate_proj", h)) * linear(p + "mlp.up_proj", h);
+  return out + linear(p + "mlp.down_proj", mlp);
+}
+
+torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
+  const std::string p = fmt::format("transformer.h.{}.", layer);
+  const int64_t B = x.size(0), T = x.size(1), D = config_.head_dim;
+  const int64_t H = x.size(-1);
+  auto h = F::layer_norm(x, F::LayerNormFuncOptions({H})
+                                .weight(tensor(p + "ln_1.weight"))
+                                .bias(tensor(p + "ln_1.bias"))
+                                .eps(config_.norm_eps));
+  const Parameter* qkv_w = find(p + "attn.c_attn.weight");
+  if (is_split(*qkv_w->entry)) h = copy_to_tp(h, tp_);
+  auto qkv = linear(p + "attn.c_attn", h);
+  auto heads = local_heads(config_, qkv_w->spec(), tp_.rank());
+  int64_t width = heads.count * D;  // GPT-2 has as many kv heads as query heads
+  auto parts = qkv.split(width, -1);
+  auto q = parts[0].view({B, T, -1, D}).transpose(1, 2);
+  auto k = parts[1].view({B, T, -1, D}).transpose(1, 2);
+  auto v = parts[2].view({B, T, -1, D}).transpose(1, 2);
+  auto attn = attention(p + "attn.c_attn.weight", q, k, v);
+  auto out = x + linear(p + "attn.c_proj", attn);
+
+  h = F::layer_norm(out, F::LayerNormFuncOptions({H})
+                             .weight(tensor(p + "ln_2.weight"))
+                             .bias(tensor(p + "ln_2.bias"))
+                             .eps(config_.norm_eps));
+  if (is_split(*find(p + "mlp.c_fc.weight")->entry)) h = copy_to_tp(h, tp_);
+  auto mlp = gelu_new(linear(p + "mlp.c_fc", h));
+  return out + linear(p + "mlp.c_proj", mlp);
+}
+
+torch::Tensor CausalLM::embed(const torch::Tensor& ids) {
+  const Parameter& e = params_.front();  // the token embedding comes first in every layout
+  TORCH_INTERNAL_ASSERT(e.entry->desc.kind == ParamKind::kEmbedding);
+  if (!is_split(*e.entry)) return torch::embedding(e.tensor, ids);
+  return vocab_parallel_embedding(ids, e.tensor, e.spec().segments(tp_.rank()).front().start, tp_);
+}
+
+const Parameter& head_param(const std::vector<Parameter>& params, bool tied) {
+  return tied ? params.front() : params.back();
+}
+
+int64_t CausalLM::vocab_start() const {
+  const Parameter& head = head_param(params_, config_.tie_word_embeddings);
+  return is_split(*head.entry) ? head.spec().segments(tp_.rank()).front().start : 0;
+}
+
+torch::Tensor CausalLM::lm_head_logits(const torch::Tensor& hidden) {
+  const Parameter& head = head_param(params_, config_.tie_word_embeddings);
+  if (!is_split(*head.entry)) return torch::matmul(hidden, head.tensor.t());
+  return torch::matmul(copy_to_tp(hidden, tp_), head.tensor.t());
+}
+
+torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2, "CausalLM: input_ids must be [batch, seq], got ", input_ids.sizes());
+  const int64_t T = input_ids.size(1);
+  AUTOTP_USER_CHECK(T <= config_.max_positions, "sequence length {} exceeds the model's {} positions", T,
+                    config_.max_positions);
+  auto x = embed(input_ids);
+  if (config_.family == ModelFamily::kGpt2) {
+    x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, torch::kLong)).unsqueeze(0);
+    for (int64_t l = 0; l < config_.num_layers; ++l) x = gpt2_layer(l, x);
+    const int64_t H = x.size(-1);
+    return F::layer_norm(x, F::LayerNormFuncOptions({H})
+                                .weight(tensor("transformer.ln_f.weight"))
+                                .bias(tensor("transformer.ln_f.bias"))
+                                .eps(config_.norm_eps));
+  }
+  // Rotary tables in fp32 as HF computes them, then cast to the activation dtype.
+  const int64_t D = config_.head_dim;
+  auto exponent = torch::arange(0, D, 2, torch::kLong).to(torch::kFloat32) / static_cast<double>(D);
+  auto inv_freq = 1.0 / torch::pow(config_.rope_theta, exponent);
+  auto positions = torch::arange(T, torch::kLong).to(torch::kFloat32);
+  auto freqs = torch::matmul(inv_freq.view({-1, 1}), positions.view({1, -1})).t();  // [T, D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);
+  auto cos = emb.cos().to(dtype_).view({1, 1, T, D}), sin = emb.sin().to(dtype_).view({1, 1, T, D});
+  for (int64_t l = 0; l < config_.num_layers; ++l) x = llama_layer(l, x, cos, sin);
+  return rms_norm(x, tensor("model.norm.weight"), config_.norm_eps);
+}
+
+torch::Tensor CausalLM::forward(const torch::Tensor& input_ids) { return lm_head_logits(hidden_states(input_ids)); }
+
+torch::Tensor CausalLM::token_losses(const torch::Tensor& input_ids, const torch::Tensor& targets) {
+  auto logits = forward(input_ids);
+  const Parameter& head = head_param(params_, config_.tie_word_embeddings);
+  Comm& comm = is_split(*head.entry) ? tp_ : self_comm();
+  auto flat = logits.reshape({-1, logits.size(-1)});
+  return vocab_parallel_cross_entropy(flat, targets.reshape({-1}), vocab_start(), comm).view(targets.sizes());
+}
+
+torch::Tensor CausalLM::full_logits(const torch::Tensor& input_ids) {
+  torch::NoGradGuard no_grad;
+  auto logits = forward(input_ids);
+  const Parameter& head = head_param(params_, config_.tie_word_embeddings);
+  if (!is_split(*head.entry)) return logits;
+  std::vector<int64_t> sizes;
+  for (int r = 0; r < tp_.size(); ++r) sizes.push_back(head.spec().local_extent(r));
+  return tp_.all_gather(logits.contiguous(), 2, sizes);
+}
+
+namespace {
+torch::Tensor gather_local(const ShardSpec& spec, const torch::Tensor& local, Comm& tp) {
+  if (spec.is_replicated()) return local.detach().clone();
+  std::vector<int64_t> sizes;
+  for (int r = 0; r < tp.size(); ++r) sizes.push_back(spec.local_numel(r));
+  auto flat = tp.all_gather(local.detach().contiguous().view({-1}), 0, sizes);
+  auto full = torch::empty(spec.global_shape(), local.options().requires_grad(false));
+  int64_t offset = 0;
+  for (int r = 0; r < tp.size(); ++r) {
+    spec.place(full, flat.narrow(0, offset, sizes[r]).view(spec.local_shape(r)), r);
+    offset += sizes[r];
+  }
+  return full;
+}
+}  // namespace
+
+torch::Tensor CausalLM::gather(const Parameter& p) { return gather_local(p.spec(), p.tensor, tp_); }
+
+void CausalLM::sync_shared_grads() {
+  torch::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    const ShardSpec& spec = p.spec();
+    if (spec.is_replicated() || !spec.has_overlap() || !p.tensor.grad().defined()) continue;
+    auto full = torch::zeros(spec.global_shape(), p.tensor.grad().options());
+    spec.place(full, p.tensor.grad(), tp_.rank(), /*accumulate=*/true);
+    tp_.all_reduce(full);
+    p.tensor.mutable_grad().copy_(spec.slice(full, tp_.rank()));
+  }
+}
+
+torch::Tensor CausalLM::gather_grad(const Parameter& p) {
+  TORCH_CHECK(p.tensor.grad().defined(), "CausalLM::gather_grad: '", p.name(), "' has no gradient");
+  return gather_local(p.spec(), p.tensor.grad(), tp_);
+}
+
+}  // namespace autotp

@@ -1,0 +1,150 @@
+#include "autotp/model/presets.h"
+
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+
+#include "autotp/runtime/error.h"
+
+namespace autotp {
+namespace {
+
+using nlohmann::json;
+
+json llama_config(const std::string& arch, int64_t vocab, int64_t hidden, int64_t inter, int64_t layers,
+                  int64_t heads, int64_t kv, bool tied, const std::string& model_type) {
+  return {{"architectures", {arch}},
+          {"model_type", model_type},
+          {"vocab_size", vocab},
+          {"hidden_size", hidden},
+          {"intermediate_size", inter},
+          {"num_hidden_layers", layers},
+          {"num_attention_heads", heads},
+          {"num_key_value_heads", kv},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", 512},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 10000.0},
+          {"attention_bias", false},
+          {"tie_word_embeddings", tied},
+          {"bos_token_id", 256},
+          {"eos_token_id", 257},
+          {"torch_dtype", "float32"}};
+}
+
+json gpt2_config(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t positions) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", vocab},
+          {"n_embd", hidden},
+          {"n_layer", layers},
+          {"n_head", heads},
+          {"n_positions", positions},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"tie_word_embeddings", true},
+          {"bos_token_id", 256},
+          {"eos_token_id", 257},
+          {"torch_dtype", "float32"}};
+}
+
+std::vector<Preset> make_presets() {
+  std::vector<Preset> list;
+  list.push_back({"llama-tiny",
+                  "Llama, uneven on purpose: 6 heads, 2 kv heads, vocab 259 and intermediate 202 not divisible by 4",
+                  llama_config("LlamaForCausalLM", 259, 96, 202, 2, 6, 2, false, "llama")});
+  list.push_back({"llama-tiny-tied", "llama-tiny with tie_word_embeddings",
+                  llama_config("LlamaForCausalLM", 259, 96, 202, 2, 6, 2, true, "llama")});
+  list.push_back({"llama-small", "Llama large enough that a step is compute-bound (hidden 512, 4 layers, GQA 8/4)",
+                  llama_config("LlamaForCausalLM", 8000, 512, 1376, 4, 8, 4, false, "llama")});
+  json qwen = llama_config("Qwen2ForCausalLM", 259, 64, 176, 2, 4, 2, true, "qwen2");
+  qwen.erase("attention_bias");
+  qwen["use_sliding_window"] = false;
+  list.push_back({"qwen2-tiny", "Qwen2 (q/k/v biases, tied), 4 heads, 2 kv heads", qwen});
+  list.push_back({"mistral-tiny", "Mistral, 8 heads, 2 kv heads, vocab 259",
+                  llama_config("MistralForCausalLM", 259, 64, 160, 2, 8, 2, false, "mistral")});
+  list.push_back({"gpt2-tiny", "GPT-2, 6 heads, vocab 259 not divisible by 4, tied LM head",
+                  gpt2_config(259, 96, 2, 6, 256)});
+  return list;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> list = make_presets();
+  return list;
+}
+
+const Preset& find_preset(const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) {
+    if (p.name == name) return p;
+    names.push_back(p.name);
+  }
+  throw_user_error("unknown preset '{}' (allowed: {})", name, fmt::join(names, ", "));
+}
+
+int64_t count_parameters(const ModelConfig& config) {
+  int64_t n = 0;
+  for (const auto& d : describe_parameters(config)) {
+    int64_t numel = 1;
+    for (int64_t s : d.shape) numel *= s;
+    n += numel;
+  }
+  return n;
+}
+
+ModelSource resolve_model(const std::string& arg) {
+  ModelSource source;
+  const std::string prefix = "preset:";
+  if (arg.rfind(prefix, 0) == 0 || (!is_directory(arg) && arg.find('/') == std::string::npos)) {
+    std::string name = arg.rfind(prefix, 0) == 0 ? arg.substr(prefix.size()) : arg;
+    const Preset& p = find_preset(name);
+    source.config = ModelConfig::from_json(p.config, "preset:" + name);
+    source.label = "preset:" + name;
+    return source;
+  }
+  AUTOTP_USER_CHECK(is_directory(arg), "--model {}: no such directory (give an HF model directory or preset:NAME)",
+                    arg);
+  source.config = ModelConfig::from_file(arg + "/config.json");
+  source.dir = arg;
+  source.label = arg;
+  return source;
+}
+
+std::unique_ptr<CausalLM> load_model(const ModelSource& source, const TpPlan& plan, Comm& tp,
+                                     torch::ScalarType dtype, uint64_t seed, LoadReport* report) {
+  auto model = std::make_unique<CausalLM>(source.config, plan, tp, dtype);
+  if (source.dir) {
+    auto checkpoint = io::CheckpointReader::open(*source.dir);
+    LoadReport r = model->load(checkpoint);
+    if (report) *report = r;
+  } else {
+    model->init_random(seed);
+  }
+  return model;
+}
+
+torch::ScalarType parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "fp32" || name == "float32") return torch::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;
+  if (name == "f16" || name == "fp16" || name == "float16") return torch::kFloat16;
+  throw_user_error("unknown dtype '{}' (allowed: f32, bf16, f16)", name);
+}
+
+std::string hf_dtype_name(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return "float32";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kFloat16: return "float16";
+    default: break;
+  }
+  TORCH_CHECK(false, "hf_dtype_name: unsupported dtype ", dtype);
+}
+
+}  // namespace autotp

@@ -1,0 +1,82 @@
+#include "autotp/tp/parallel_layers.h"
+
+#include "autotp/comm/autograd_collectives.h"
+
+namespace autotp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& targets,
+                               int64_t vocab_start, Comm* tp, int64_t ignore_index) {
+    torch::NoGradGuard no_grad;
+    auto logits = logits_in.to(torch::kFloat32);
+    const int64_t local_vocab = logits.size(1);
+    auto max = std::get<0>(logits.max(1));
+    tp->all_reduce(max, ReduceOp::kMax);
+    auto shifted = logits - max.unsqueeze(1);
+    auto exp = shifted.exp();
+    auto local_targets = targets - vocab_start;
+    auto mine = (local_targets >= 0) & (local_targets < local_vocab);
+    auto picked = shifted.gather(1, local_targets.clamp(0, local_vocab - 1).unsqueeze(1)).squeeze(1) * mine;
+    // One all-reduce carries both the partition function and the target logit.
+    auto sums = torch::stack({exp.sum(1), picked});
+    tp->all_reduce(sums, ReduceOp::kSum);
+    auto loss = sums[0].log() - sums[1];
+    auto valid = targets != ignore_index;
+    loss = loss * valid;
+    ctx->save_for_backward({exp.div_(sums[0].unsqueeze(1)), local_targets, mine & valid, valid});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits_in.scalar_type());
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    auto softmax = saved[0], local_targets = saved[1], mine = saved[2], valid = saved[3];
+    auto grad = softmax;  // softmax - onehot(target), scaled by the incoming gradient
+    auto rows = torch::arange(grad.size(0), local_targets.options());
+    auto mine_rows = rows.masked_select(mine);
+    auto mine_cols = local_targets.masked_select(mine);
+    grad.index_put_({mine_rows, mine_cols}, grad.index({mine_rows, mine_cols}) - 1.0f);
+    grad.mul_((grad_outputs[0].to(torch::kFloat32) * valid).unsqueeze(1));
+    auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grad.to(dtype), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor column_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                     Comm& tp) {
+  return torch::nn::functional::linear(copy_to_tp(x, tp), weight, bias);
+}
+
+torch::Tensor row_parallel_linear(const torch::Tensor& x_local, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, Comm& tp) {
+  auto y = reduce_from_tp(torch::matmul(x_local, weight.t()), tp);
+  return bias.defined() ? y + bias : y;
+}
+
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& weight, int64_t vocab_start,
+                                       Comm& tp) {
+  if (tp.size() == 1 && vocab_start == 0)
+    return torch::embedding(weight, ids);
+  auto local = ids - vocab_start;
+  auto outside = (local < 0) | (local >= weight.size(0));
+  auto out = torch::embedding(weight, local.masked_fill(outside, 0));
+  out = out.masked_fill(outside.unsqueeze(-1), 0);
+  return reduce_from_tp(out, tp);
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, const torch::Tensor& targets,
+                                           int64_t vocab_start, Comm& tp, int64_t ignore_index) {
+  TORCH_CHECK(logits_local.dim() == 2 && targets.dim() == 1 && logits_local.size(0) == targets.size(0),
+              "vocab_parallel_cross_entropy: expected logits [N, V_local] and targets [N], got ",
+              logits_local.sizes(), " and ", targets.sizes());
+  return VocabParallelCrossEntropy::apply(logits_local, targets, vocab_start, &tp, ignore_index);
+}
+
+}  // namespace autotp

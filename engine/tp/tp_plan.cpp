@@ -1,0 +1,367 @@
+#include "autotp/tp/tp_plan.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <regex>
+#include <set>
+
+#include "autotp/runtime/error.h"
+
+namespace autotp {
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::vector<Segment>> contiguous(int64_t total, int tp, int64_t unit, int64_t offset = 0) {
+  std::vector<std::vector<Segment>> out(tp);
+  int64_t start = 0;
+  auto sizes = split_evenly(total, tp);
+  for (int r = 0; r < tp; ++r) {
+    out[r].push_back(Segment{offset + start * unit, sizes[r] * unit});
+    start += sizes[r];
+  }
+  return out;
+}
+
+std::vector<std::vector<Segment>> kv_partition(const ModelConfig& c, int tp, int64_t offset) {
+  auto heads = split_evenly(c.num_heads, tp);
+  std::vector<std::vector<Segment>> out(tp);
+  int64_t first = 0, group = c.kv_group_size();
+  for (int r = 0; r < tp; ++r) {
+    int64_t kv_first = first / group, kv_last = (first + heads[r] - 1) / group;
+    out[r].push_back(Segment{offset + kv_first * c.head_dim, (kv_last - kv_first + 1) * c.head_dim});
+    first += heads[r];
+  }
+  return out;
+}
+
+void append(std::vector<std::vector<Segment>>& into, const std::vector<std::vector<Segment>>& more) {
+  for (size_t r = 0; r < into.size(); ++r) into[r].insert(into[r].end(), more[r].begin(), more[r].end());
+}
+
+bool is_weight(const ParamDesc& d) {
+  return d.kind == ParamKind::kLinear || d.kind == ParamKind::kConv1D || d.kind == ParamKind::kEmbedding ||
+         d.kind == ParamKind::kLmHead;
+}
+
+bool is_linear(const ParamDesc& d) { return d.kind == ParamKind::kLinear || d.kind == ParamKind::kConv1D; }
+
+std::string strip_prefix(const std::string& name, const std::string& prefix) {
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+// HF tp_plan keys: module paths relative to the base model, '*' for a layer index.
+std::regex tp_plan_key_regex(const std::string& key) {
+  std::string re;
+  for (char ch : key) {
+    if (ch == '*')
+      re += "[0-9]+";
+    else if (ch == '.')
+      re += "\\.";
+    else
+      re += ch;
+  }
+  return std::regex(re);
+}
+
+TpRole role_from_hf_style(const std::string& style, const ParamDesc& d, const std::string& key) {
+  bool vocab_param = d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead;
+  if (style == "vocab" || style == "embedding_rowwise") return TpRole::kVocab;
+  if (style == "colwise" || style == "packed_colwise" || style == "colwise_rep")
+    return vocab_param ? TpRole::kVocab : TpRole::kColumn;
+  if (style == "rowwise" || style == "packed_rowwise") return vocab_param ? TpRole::kVocab : TpRole::kRow;
+  if (style == "replicate" || style == "local") return TpRole::kReplicated;
+  throw_user_error(
+      "base_model_tp_plan['{}'] = '{}' is not supported (allowed: colwise, rowwise, packed_colwise, "
+      "packed_rowwise, colwise_rep, vocab, embedding_rowwise, replicate, local)",
+      key, style);
+}
+
+// Structural rules: only the layout, never the names.
+std::pair<TpRole, std::string> structural_role(const ParamDesc& d) {
+  if (d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead)
+    return {TpRole::kVocab, "rule: token embedding / LM head"};
+  if (is_linear(d)) {
+    bool reads = d.axes[d.in_dim()] == Axis::kHidden, writes = d.axes[d.out_dim()] == Axis::kHidden;
+    if (writes && !reads) return {TpRole::kRow, "rule: writes the hidden stream"};
+    if (reads && !writes) return {TpRole::kColumn, "rule: reads the hidden stream"};
+  }
+  return {TpRole::kReplicated, "rule: replicated"};
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+}  // namespace
+
+const char* tp_role_name(TpRole role) {
+  switch (role) {
+    case TpRole::kColumn: return "column";
+    case TpRole::kRow: return "row";
+    case TpRole::kVocab: return "vocab";
+    case TpRole::kReplicated: return "replicated";
+  }
+  return "?";
+}
+
+TpRole parse_tp_role(const std::string& name, const std::string& where) {
+  for (TpRole r : {TpRole::kColumn, TpRole::kRow, TpRole::kVocab, TpRole::kReplicated})
+    if (name == tp_role_name(r)) return r;
+  throw_user_error("{}: partition_type '{}' is not valid (allowed: column, row, vocab, replicated)", where, name);
+}
+
+std::vector<LayerSpec> parse_partition_config(const json& j) {
+  const std::string where = "tensor_parallel.partition_config";
+  AUTOTP_USER_CHECK(j.is_object(), "{} must be an object with 'layer_specs'", where);
+  for (auto& [key, value] : j.items())
+    AUTOTP_USER_CHECK(key == "layer_specs", "{}: unknown key '{}' (allowed: layer_specs)", where, key);
+  std::vector<LayerSpec> specs;
+  if (!j.contains("layer_specs")) return specs;
+  AUTOTP_USER_CHECK(j["layer_specs"].is_array(), "{}.layer_specs must be an array", where);
+  int i = 0;
+  for (const auto& item : j["layer_specs"]) {
+    std::string at = fmt::format("{}.layer_specs[{}]", where, i++);
+    AUTOTP_USER_CHECK(item.is_object(), "{} must be an object", at);
+    for (auto& [key, value] : item.items())
+      AUTOTP_USER_CHECK(key == "patterns" || key == "partition_type" || key == "shape",
+                        "{}: unknown key '{}' (allowed: patterns, partition_type, shape)", at, key);
+    LayerSpec spec;
+    AUTOTP_USER_CHECK(item.contains("patterns") && item["patterns"].is_array() && !item["patterns"].empty(),
+                      "{}.patterns must be a non-empty array of regexes", at);
+    for (const auto& p : item["patterns"]) {
+      AUTOTP_USER_CHECK(p.is_string(), "{}.patterns must hold strings", at);
+      try {
+        std::regex check(p.get<std::string>());
+      } catch (const std::regex_error& e) {
+        throw_user_error("{}.patterns: '{}' is not a valid regex ({})", at, p.get<std::string>(), e.what());
+      }
+      spec.patterns.push_back(p.get<std::string>());
+    }
+    AUTOTP_USER_CHECK(item.contains("partition_type") && item["partition_type"].is_string(),
+                      "{}.partition_type is required (allowed: column, row, vocab, replicated)", at);
+    spec.role = parse_tp_role(item["partition_type"].get<std::string>(), at);
+    if (item.contains("shape")) {
+      AUTOTP_USER_CHECK(item["shape"].is_array() && !item["shape"].empty(), "{}.shape must be a non-empty array",
+                        at);
+      for (const auto& v : item["shape"]) {
+        AUTOTP_USER_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, "{}.shape must hold positive integers",
+                          at);
+        spec.shape.push_back(v.get<int64_t>());
+      }
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+std::vector<std::vector<Segment>> axis_partition(const ModelConfig& c, Axis axis, int tp) {
+  switch (axis) {
+    case Axis::kHeads:
+      AUTOTP_USER_CHECK(c.num_heads >= tp, "autotp_size {} exceeds num_attention_heads {} (allowed: 1..{})", tp,
+                        c.num_heads, c.num_heads);
+      return contiguous(c.num_heads, tp, c.head_dim);
+    case Axis::kKvHeads:
+      AUTOTP_USER_CHECK(c.num_heads >= tp, "autotp_size {} exceeds num_attention_heads {} (allowed: 1..{})", tp,
+                        c.num_heads, c.num_heads);
+      return kv_partition(c, tp, 0);
+    case Axis::kQkv: {
+      auto parts = axis_partition(c, Axis::kHeads, tp);
+      append(parts, kv_partition(c, tp, c.num_heads * c.head_dim));
+      append(parts, kv_partition(c, tp, (c.num_heads + c.num_kv_heads) * c.head_dim));
+      return parts;
+    }
+    case Axis::kIntermediate:
+    case Axis::kVocab: {
+      int64_t total = axis_size(c, axis);
+      AUTOTP_USER_CHECK(total >= tp, "autotp_size {} exceeds the {} size {}", tp, axis_name(axis), total);
+      return contiguous(total, tp, 1);
+    }
+    case Axis::kHidden:
+    case Axis::kPositions: break;
+  }
+  throw_user_error("the {} axis cannot be split across tensor-parallel ranks", axis_name(axis));
+}
+
+nlohmann::json builtin_name_plan(const ModelConfig& c) {
+  if (c.family == ModelFamily::kGpt2)
+    return {{"wte", "vocab"},
+            {"h.*.attn.c_attn", "packed_colwise"},
+            {"h.*.attn.c_proj", "rowwise"},
+            {"h.*.mlp.c_fc", "colwise"},
+            {"h.*.mlp.c_proj", "rowwise"}};
+  return {{"embed_tokens", "vocab"},
+          {"layers.*.self_attn.q_proj", "colwise"},
+          {"layers.*.self_attn.k_proj", "colwise"},
+          {"layers.*.self_attn.v_proj", "colwise"},
+          {"layers.*.self_attn.o_proj", "rowwise"},
+          {"layers.*.mlp.gate_proj", "colwise"},
+          {"layers.*.mlp.up_proj", "colwise"},
+          {"layers.*.mlp.down_proj", "rowwise"},
+          {"lm_head", "colwise_rep"}};
+}
+
+TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
+  const int tp = options.tp_size;
+  AUTOTP_USER_CHECK(tp >= 1, "autotp_size must be at least 1, got {}", tp);
+  auto descs = describe_parameters(config);
+
+  // Which name plan applies (if any).
+  json name_plan;
+  bool config_has_plan = config.raw.contains("base_model_tp_plan") && config.raw["base_model_tp_plan"].is_object();
+  if (options.rules == PlanRules::kNames)
+    name_plan = config_has_plan ? config.raw["base_model_tp_plan"] : builtin_name_plan(config);
+  else if (options.rules == PlanRules::kAuto && config_has_plan)
+    name_plan = config.raw["base_model_tp_plan"];
+  std::vector<std::pair<std::string, std::regex>> plan_keys;
+  for (auto& [key, value] : name_plan.items()) {
+    AUTOTP_USER_CHECK(value.is_string(), "base_model_tp_plan['{}'] must be a string", key);
+    plan_keys.emplace_back(key, tp_plan_key_regex(key));
+  }
+  std::vector<std::vector<std::regex>> user_regex;
+  for (const auto& spec : options.layer_specs) {
+    user_regex.emplace_back();
+    for (const auto& p : spec.patterns) user_regex.back().emplace_back(p);
+  }
+  std::vector<bool> spec_used(options.layer_specs.size(), false);
+
+  TpPlan plan;
+  plan.tp_size_ = tp;
+  std::map<std::string, size_t> weight_of_module;  // module -> entry index
+  for (const auto& d : descs) {
+    PlanEntry e;
+    e.desc = d;
+    const LayerSpec* user = nullptr;
+    if (is_weight(d) || d.kind == ParamKind::kNorm || d.kind == ParamKind::kPositionEmbedding) {
+      for (size_t s = 0; s < options.layer_specs.size() && !user; ++s)
+        for (size_t p = 0; p < user_regex[s].size(); ++p)
+          if (std::regex_match(d.name, user_regex[s][p])) {
+            user = &options.layer_specs[s];
+            spec_used[s] = true;
+            e.role = user->role;
+            e.source = fmt::format("user pattern '{}'", user->patterns[p]);
+            break;
+          }
+    }
+    if (!user && d.kind == ParamKind::kBias) {
+      // A bias follows its weight: split with a column layer, whole after a row layer's reduce.
+      auto it = weight_of_module.find(d.module);
+      TORCH_INTERNAL_ASSERT(it != weight_of_module.end(), "bias before its weight: ", d.name);
+      const PlanEntry& weight = plan.entries_[it->second];
+      e.role = weight.role == TpRole::kColumn ? TpRole::kColumn : TpRole::kReplicated;
+      e.source = fmt::format("follows {}", weight.desc.name);
+    } else if (!user) {
+      bool matched = false;
+      std::string module = strip_prefix(d.module, config.base_prefix());
+      for (const auto& [key, re] : plan_keys)
+        if (std::regex_match(module, re) || std::regex_match(d.module, re)) {
+          std::string style = name_plan[key].get<std::string>();
+          e.role = role_from_hf_style(style, d, key);
+          e.source = fmt::format("tp_plan '{}'", style);
+          matched = true;
+          break;
+        }
+      if (!matched && !plan_keys.empty()) {
+        e.role = TpRole::kReplicated;
+        e.source = "tp_plan: not listed";
+      } else if (!matched) {
+        std::tie(e.role, e.source) = structural_role(d);
+      }
+    }
+    // Validate the role against the layout and build the spec.
+    const std::string where = fmt::format("tensor-parallel plan for '{}' ({})", d.name, e.source);
+    if (e.role == TpRole::kVocab) {
+      AUTOTP_USER_CHECK(d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead,
+                        "{}: vocab partitioning applies only to token embeddings and the LM head", where);
+      e.spec = ShardSpec::split(d.shape, 0, axis_partition(config, Axis::kVocab, tp));
+    } else if (e.role == TpRole::kColumn || e.role == TpRole::kRow) {
+      bool column = e.role == TpRole::kColumn;
+      AUTOTP_USER_CHECK(is_linear(d) || d.kind == ParamKind::kBias,
+                        "{}: {} partitioning applies only to linear layers (this is a {})", where,
+                        tp_role_name(e.role), param_kind_name(d.kind));
+      int64_t dim = d.kind == ParamKind::kBias ? 0 : (column ? d.out_dim() : d.in_dim());
+      Axis axis = d.axes[dim];
+      AUTOTP_USER_CHECK(axis != Axis::kHidden,
+                        "{}: a {}-parallel layer would split the hidden stream; use {} for this layer", where,
+                        tp_role_name(e.role), column ? "row" : "column");
+      if (user && !user->shape.empty()) {
+        // A user-declared sub-parameter layout must agree with the model's own
+        // (e.g. [q, k, v] sizes of a fused projection): each part is split by heads.
+        int64_t sum = 0;
+        for (int64_t s : user->shape) sum += s;
+        AUTOTP_USER_CHECK(sum == d.shape[dim], "{}: shape {} sums to {}, but dim {} has size {}", where,
+                          shape_str(user->shape), sum, dim, d.shape[dim]);
+        std::vector<int64_t> expected;
+        if (axis == Axis::kQkv)
+          expected = {config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
+                      config.num_kv_heads * config.head_dim};
+        else
+          expected = {d.shape[dim]};
+        AUTOTP_USER_CHECK(user->shape == expected, "{}: shape {} does not match the layout of this weight {}",
+                          where, shape_str(user->shape), shape_str(expected));
+      }
+      e.spec = ShardSpec::split(d.shape, dim, axis_partition(config, axis, tp));
+    } else {
+      e.spec = ShardSpec::replicated(d.shape, tp);
+    }
+    if (is_linear(d)) weight_of_module[d.module] = plan.entries_.size();
+    plan.index_[d.name] = plan.entries_.size();
+    plan.entries_.push_back(std::move(e));
+  }
+  for (size_t s = 0; s < spec_used.size(); ++s)
+    AUTOTP_USER_CHECK(spec_used[s], "tensor_parallel.partition_config.layer_specs[{}]: patterns {} match no parameter",
+                      s, fmt::join(options.layer_specs[s].patterns, ", "));
+
+  // A block's input projections are column-parallel exactly when its output projection is row-parallel.
+  std::map<std::string, std::vector<const PlanEntry*>> blocks;
+  for (const auto& e : plan.entries_)
+    if (is_linear(e.desc)) blocks[e.desc.module.substr(0, e.desc.module.rfind('.'))].push_back(&e);
+  for (const auto& [block, members] : blocks) {
+    std::set<bool> split;
+    for (const auto* e : members) split.insert(e->role != TpRole::kReplicated);
+    if (split.size() > 1) {
+      std::vector<std::string> roles;
+      for (const auto* e : members) roles.push_back(fmt::format("{}={}", e->desc.name, tp_role_name(e->role)));
+      throw_user_error(
+          "tensor-parallel plan: block '{}' mixes split and replicated layers ({}); its input projections must be "
+          "column-parallel exactly when its output projection is row-parallel",
+          block, fmt::join(roles, ", "));
+    }
+  }
+  return plan;
+}
+
+const PlanEntry& TpPlan::entry(const std::string& name) const {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "TpPlan::entry: no parameter named '", name, "'");
+  return entries_[it->second];
+}
+
+std::vector<int64_t> TpPlan::rank_bytes(int64_t element_size) const {
+  std::vector<int64_t> bytes(tp_size_, 0);
+  for (const auto& e : entries_)
+    for (int r = 0; r < tp_size_; ++r) bytes[r] += e.spec.local_numel(r) * element_size;
+  return bytes;
+}
+
+std::string TpPlan::table() const {
+  std::string out = fmt::format("{:<48} {:<10} {:<14} {:<40} {}\n", "parameter", "role", "global shape",
+                                "shard shape per rank", "decided by");
+  for (const auto& e : entries_) {
+    std::vector<std::string> shards;
+    bool all_same = true;
+    for (int r = 0; r < tp_size_; ++r) {
+      shards.push_back(shape_str(e.spec.local_shape(r)));
+      all_same = all_same && shards[r] == shards[0];
+    }
+    std::string shard_text = all_same ? fmt::format("all {}", shards[0]) : fmt::format("{}", fmt::join(shards, " "));
+    if (e.spec.has_overlap() && !e.spec.is_replicated()) shard_text += " (kv heads shared)";
+    out += fmt::format("{:<48} {:<10} {:<14} {:<40} {}\n", e.desc.name, tp_role_name(e.role),
+                       shape_str(e.desc.shape), shard_text, e.source);
+  }
+  auto bytes = rank_bytes(4);
+  for (int r = 0; r < tp_size_; ++r)
+    out += fmt::format("rank {}: {} parameters, {:.2f} MiB in fp32\n", r, bytes[r] / 4, bytes[r] / 1048576.0);
+  return out;
+}
+
+}  // namespace autotp

@@ -1,0 +1,79 @@
+#include "cli/cli.h"
+
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "autotp/comm/dist_env.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+#include "launcher/launcher.h"
+
+namespace autotp::cli {
+namespace {
+std::vector<std::string> g_argv;  // the original command line, re-run by maybe_launch
+}
+
+void add_world_options(CLI::App& command, WorldOptions& options) {
+  command.add_option("--nproc", options.nproc, "Local ranks to start (default 1; ignored when RANK/WORLD_SIZE are set)")
+      ->check(CLI::PositiveNumber);
+  command.add_option("--threads", options.threads, "Torch/BLAS threads per rank (default: cores / local ranks)")
+      ->check(CLI::NonNegativeNumber);
+  command.add_option("--timeout", options.timeout_s, "Collective and rendezvous timeout in seconds (default 300)")
+      ->check(CLI::PositiveNumber);
+}
+
+int maybe_launch(const WorldOptions& options) {
+  if (options.nproc <= 1 || launcher::in_distributed_world()) return -1;
+  launcher::LaunchOptions launch;
+  launch.nproc = options.nproc;
+  launch.argv = g_argv;
+  launch.argv[0] = launcher::self_executable();
+  launch.threads_per_rank = options.threads;
+  auto result = launcher::launch_local(launch);
+  if (result.exit_code != 0) std::cerr << "autotp: " << result.summary << std::endl;
+  return result.exit_code;
+}
+
+std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size) {
+  DistEnv env = DistEnv::from_environment();
+  init_logging(LogOptions{env.rank});
+  int threads = options.threads > 0 ? options.threads : env.threads;
+  if (threads > 0) at::set_num_threads(threads);
+  TopologyOptions topo;
+  topo.tp_size = tp_size;
+  topo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  if (env.world_size == 1) {
+    AUTOTP_USER_CHECK(tp_size == 1, "autotp_size {} does not fit a world of 1 process (use --nproc {})", tp_size,
+                      tp_size);
+    return Topology::single();
+  }
+  return Topology::create(env, topo);
+}
+
+int run(int argc, char** argv) {
+  g_argv.assign(argv, argv + argc);
+  CLI::App app{"autotp: automatic tensor parallelism + ZeRO training for HF causal language models"};
+  app.require_subcommand(1);
+  register_presets(app);
+  register_init(app);
+  register_eval(app);
+  register_plan(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a launched run's exit code, already reported
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  } catch (const UserError& e) {
+    std::cerr << "autotp: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "autotp: error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace autotp::cli

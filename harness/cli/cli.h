@@ -1,0 +1,41 @@
+// The `autotp` command line: subcommands registered on one CLI11 app.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autotp/comm/topology.h"
+
+namespace autotp::cli {
+
+int run(int argc, char** argv);
+
+// Options every distributed subcommand accepts.
+struct WorldOptions {
+  int nproc = 1;            // local ranks to spawn (ignored inside an existing world)
+  int threads = 0;          // torch/BLAS threads per rank (0 = cores / local ranks)
+  double timeout_s = 300;   // collective and rendezvous timeout
+};
+void add_world_options(CLI::App& command, WorldOptions& options);
+
+// When --nproc > 1 and this process is not already a rank of a world, re-runs
+// this command as nproc local ranks and returns their exit code; otherwise
+// returns -1 and the caller proceeds as a rank.
+int maybe_launch(const WorldOptions& options);
+
+// Ends a subcommand with a non-zero exit code (used after a launched run failed).
+[[noreturn]] inline void exit_with(int code) { throw CLI::RuntimeError(code); }
+
+// Sets up logging and threads for this rank and creates the topology.
+std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size);
+
+// Subcommands.
+void register_presets(CLI::App& app);
+void register_init(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_plan(CLI::App& app);
+
+}  // namespace autotp::cli

@@ -1,0 +1,50 @@
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "cli/cli.h"
+
+namespace autotp::cli {
+
+void register_plan(CLI::App& app) {
+  struct Args {
+    std::string model, config, rules = "auto";
+    int tp = 1;
+  };
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("plan", "Print the tensor-parallel plan of a model: roles and shard shapes per rank");
+  cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
+  cmd->add_option("--tp", args->tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
+  cmd->add_option("--config", args->config,
+                  "DeepSpeed-style JSON config; its tensor_parallel.partition_config user patterns apply");
+  cmd->add_option("--rules", args->rules, "auto | structural | names (default auto)")
+      ->check(CLI::IsMember({"auto", "structural", "names"}));
+  cmd->callback([args] {
+    auto source = resolve_model(args->model);
+    TpPlanOptions options;
+    options.tp_size = args->tp;
+    options.rules = args->rules == "structural" ? PlanRules::kStructural
+                    : args->rules == "names"    ? PlanRules::kNames
+                                                : PlanRules::kAuto;
+    if (!args->config.empty()) {
+      std::ifstream in(args->config);
+      AUTOTP_USER_CHECK(in.good(), "{}: cannot open config file", args->config);
+      nlohmann::json j;
+      try {
+        in >> j;
+      } catch (const nlohmann::json::exception& e) {
+        throw_user_error("{}: invalid JSON ({})", args->config, e.what());
+      }
+      if (j.contains("tensor_parallel") && j["tensor_parallel"].contains("partition_config"))
+        options.layer_specs = parse_partition_config(j["tensor_parallel"]["partition_config"]);
+    }
+    auto plan = TpPlan::build(source.config, options);
+    std::cout << fmt::format("{} ({}), tp = {}\n", source.label, source.config.architecture, args->tp);
+    std::cout << plan.table();
+  });
+}
+
+}  // namespace autotp::cli

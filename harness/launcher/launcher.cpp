@@ -1,0 +1,467 @@
+#include "launcher/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+
+extern char** environ;
+
+namespace autotp::launcher {
+namespace {
+
+constexpr size_t kTailLines = 40;
+constexpr size_t kMaxLineBytes = 64 * 1024;  // a longer "line" is forwarded in pieces
+constexpr int kPollMs = 20;                  // also how often exited ranks are reaped
+constexpr const char* kErrorFileVariable = "AUTOTP_ERROR_FILE";
+
+using Clock = std::chrono::steady_clock;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+std::system_error errno_error(const std::string& what) {
+  return std::system_error(errno, std::generic_category(), what);
+}
+
+// SIGINT / SIGTERM to the launcher are written to a self-pipe and forwarded
+// to the ranks by the poll loop (only async-signal-safe work in the handler).
+int signal_pipe_write = -1;
+extern "C" void on_launcher_signal(int signo) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signo);
+  if (signal_pipe_write >= 0) {
+    const ssize_t ignored = write(signal_pipe_write, &byte, 1);
+    (void)ignored;
+  }
+  errno = saved_errno;
+}
+
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw errno_error("launcher: pipe2");
+    read_fd_ = fds[0];
+    signal_pipe_write = fds[1];
+    struct sigaction action {};
+    action.sa_handler = on_launcher_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~SignalForwarding() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    close(signal_pipe_write);
+    signal_pipe_write = -1;
+    close(read_fd_);
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+  int fd() const { return read_fd_; }
+
+ private:
+  int read_fd_ = -1;
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+struct Rank {
+  pid_t pid = -1;
+  int output_fd = -1;     // read end of the rank's stdout+stderr pipe
+  bool running = false;   // spawned and not yet reaped
+  bool signaled = false;  // the launcher sent it SIGTERM/SIGKILL/a forwarded signal
+  int64_t signaled_ns = 0;
+  int64_t exited_ns = 0;
+  int exit_code = 0;
+  int terminating_signal = 0;  // set when the rank died by a signal
+  std::string partial_line;
+  std::deque<std::string> tail;
+  std::string error_file;
+};
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string describe_exit(int exit_code, int signo) {
+  if (signo != 0)
+    return fmt::format("exit code {} (killed by signal {}, {})", exit_code, signo, strsignal(signo));
+  return fmt::format("exit code {}", exit_code);
+}
+
+// Time at which the rank recorded its own failure (see record_rank_failure).
+std::optional<int64_t> recorded_failure_ns(const std::string& path) {
+  std::ifstream in(path);
+  int64_t ns = 0;
+  if (in >> ns) return ns;
+  return std::nullopt;
+}
+
+class LocalLaunch {
+ public:
+  explicit LocalLaunch(const LaunchOptions& options) : options_(options), ranks_(options.nproc) {}
+
+  LaunchResult run() {
+    SignalForwarding signals;
+    make_error_dir();
+    const auto environments = rank_environments();
+    try {
+      for (int r = 0; r < options_.nproc; ++r) {
+        if (!spawn(r, environments[r])) break;
+      }
+    } catch (...) {
+      // Leave no rank behind: stop the ones already started, then report.
+      stop_all(SIGKILL);
+      loop(signals.fd());
+      remove_error_dir();
+      throw;
+    }
+    loop(signals.fd());
+    LaunchResult result = summarize();
+    remove_error_dir();
+    return result;
+  }
+
+ private:
+  void make_error_dir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = fmt::format("{}/autotp-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(pattern.data()) == nullptr) throw errno_error("launcher: mkdtemp " + pattern);
+    error_dir_ = pattern;
+    for (int r = 0; r < options_.nproc; ++r)
+      ranks_[r].error_file = fmt::format("{}/rank{}.err", error_dir_, r);
+  }
+  void remove_error_dir() {
+    for (const auto& rank : ranks_) unlink(rank.error_file.c_str());
+    rmdir(error_dir_.c_str());
+  }
+
+  std::vector<std::vector<std::string>> rank_environments() const {
+    std::map<std::string, std::string> base;
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      const char* equals = std::strchr(*entry, '=');
+      if (equals != nullptr) base[std::string(*entry, static_cast<size_t>(equals - *entry))] = equals + 1;
+    }
+    const int threads = options_.threads_per_rank > 0 ? options_.threads_per_rank
+                                                      : std::max(1, available_cores() / options_.nproc);
+    base["MASTER_ADDR"] = "127.0.0.1";
+    base["MASTER_PORT"] =
+        options_.env.count("MASTER_PORT") ? options_.env.at("MASTER_PORT") : std::to_string(free_port());
+    base["OMP_NUM_THREADS"] = base["OPENBLAS_NUM_THREADS"] = base["AUTOTP_THREADS"] = std::to_string(threads);
+    for (const auto& [key, value] : options_.env) base[key] = value;
+    base["WORLD_SIZE"] = base["LOCAL_WORLD_SIZE"] = std::to_string(options_.nproc);
+
+    std::vector<std::vector<std::string>> environments;
+    for (int r = 0; r < options_.nproc; ++r) {
+      auto env = base;
+      env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
+      env[kErrorFileVariable] = ranks_[r].error_file;
+      std::vector<std::string> entries;
+      for (const auto& [key, value] : env) entries.push_back(key + "=" + value);
+      environments.push_back(std::move(entries));
+    }
+    return environments;
+  }
+
+  // posix_spawn: the child runs no code of ours between fork and exec (LibTorch's
+  // thread pools would not survive a plain fork).
+  bool spawn(int r, const std::vector<std::string>& environment) {
+    Rank& rank = ranks_[r];
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) throw errno_error("launcher: pipe2");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    sigset_t defaults, mask;
+    sigemptyset(&defaults);
+    for (int signo : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&defaults, signo);
+    sigemptyset(&mask);
+    posix_spawnattr_setsigdefault(&attributes, &defaults);
+    posix_spawnattr_setsigmask(&attributes, &mask);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+
+    std::vector<char*> argv, envp;
+    for (const auto& arg : options_.argv) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    for (const auto& entry : environment) envp.push_back(const_cast<char*>(entry.c_str()));
+    envp.push_back(nullptr);
+
+    const int error = posix_spawnp(&rank.pid, argv[0], &actions, &attributes, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    close(fds[1]);
+    if (error != 0) {
+      close(fds[0]);
+      spawn_failure_ =
+          fmt::format("rank {} could not be started: {}: {}", r, options_.argv[0], std::strerror(error));
+      spawn_failed_rank_ = r;
+      stop_all(SIGTERM);
+      return false;
+    }
+    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    rank.output_fd = fds[0];
+    rank.running = true;
+    return true;
+  }
+
+  void loop(int signal_fd) {
+    int64_t all_exited_ns = 0;
+    for (;;) {
+      std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
+      std::vector<int> owners{-1};
+      for (int r = 0; r < options_.nproc; ++r) {
+        if (ranks_[r].output_fd >= 0) {
+          fds.push_back({ranks_[r].output_fd, POLLIN, 0});
+          owners.push_back(r);
+        }
+      }
+      const bool any_running =
+          std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; });
+      if (!any_running) {
+        if (fds.size() == 1) break;
+        // A rank's own children may hold its pipe open; do not wait for them long.
+        if (all_exited_ns == 0) all_exited_ns = now_ns();
+        if (now_ns() - all_exited_ns > 1'000'000'000) break;
+      }
+      if (poll(fds.data(), fds.size(), kPollMs) < 0 && errno != EINTR) throw errno_error("launcher: poll");
+      if (fds[0].revents & POLLIN) forward_signals(signal_fd);
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) read_output(owners[i]);
+      }
+      reap();
+      if (kill_deadline_ns_ != 0 && !killed_ && now_ns() >= kill_deadline_ns_) {
+        killed_ = true;
+        stop_all(SIGKILL);
+      }
+    }
+    for (int r = 0; r < options_.nproc; ++r) {
+      if (ranks_[r].output_fd >= 0) finish_output(r);
+    }
+  }
+
+  void forward_signals(int signal_fd) {
+    unsigned char signo = 0;
+    while (read(signal_fd, &signo, 1) == 1) {
+      if (interrupted_by_ == 0) interrupted_by_ = signo;
+      stop_all(signo);
+    }
+  }
+
+  // Sends `signo` to every running rank; the first time, arms the SIGKILL deadline.
+  void stop_all(int signo) {
+    for (auto& rank : ranks_) {
+      if (!rank.running) continue;
+      kill(rank.pid, signo);
+      if (!rank.signaled) {
+        rank.signaled = true;
+        rank.signaled_ns = now_ns();
+      }
+    }
+    if (kill_deadline_ns_ == 0) {
+      kill_deadline_ns_ = now_ns() + static_cast<int64_t>(std::max(0.0, options_.kill_grace_s) * 1e9);
+    }
+  }
+
+  void reap() {
+    for (auto& rank : ranks_) {
+      if (!rank.running) continue;
+      int status = 0;
+      const pid_t pid = waitpid(rank.pid, &status, WNOHANG);
+      if (pid != rank.pid) continue;
+      rank.running = false;
+      rank.exited_ns = now_ns();
+      rank.exit_code = exit_code_of(status);
+      if (WIFSIGNALED(status)) rank.terminating_signal = WTERMSIG(status);
+      // Fail fast: one failed rank stops the world (its peers would otherwise
+      // wait for it until their collective timeout).
+      if (rank.exit_code != 0) stop_all(SIGTERM);
+    }
+  }
+
+  void read_output(int r) {
+    Rank& rank = ranks_[r];
+    char buffer[16384];
+    for (;;) {
+      const ssize_t n = read(rank.output_fd, buffer, sizeof buffer);
+      if (n > 0) {
+        rank.partial_line.append(buffer, static_cast<size_t>(n));
+        size_t start = 0, newline;
+        while ((newline = rank.partial_line.find('\n', start)) != std::string::npos) {
+          emit_line(r, rank.partial_line.substr(start, newline - start));
+          start = newline + 1;
+        }
+        rank.partial_line.erase(0, start);
+        if (rank.partial_line.size() > kMaxLineBytes) {
+          emit_line(r, rank.partial_line);
+          rank.partial_line.clear();
+        }
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      finish_output(r);  // EOF or a read error
+      return;
+    }
+  }
+
+  void finish_output(int r) {
+    Rank& rank = ranks_[r];
+    if (!rank.partial_line.empty()) emit_line(r, rank.partial_line);
+    rank.partial_line.clear();
+    close(rank.output_fd);
+    rank.output_fd = -1;
+  }
+
+  void emit_line(int r, std::string line) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!options_.quiet) {
+      std::string out = options_.prefix_output ? fmt::format("[rank {}] {}\n", r, line) : line + "\n";
+      // One write per line keeps lines of different ranks from interleaving.
+      for (size_t written = 0; written < out.size();) {
+        const ssize_t n = write(STDERR_FILENO, out.data() + written, out.size() - written);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        written += static_cast<size_t>(n);
+      }
+    }
+    Rank& rank = ranks_[r];
+    rank.tail.push_back(std::move(line));
+    if (rank.tail.size() > kTailLines) rank.tail.pop_front();
+  }
+
+  LaunchResult summarize() const {
+    LaunchResult result;
+    int64_t first_failure_ns = 0;
+    for (int r = 0; r < options_.nproc; ++r) {
+      const Rank& rank = ranks_[r];
+      RankOutcome outcome;
+      outcome.rank = r;
+      outcome.exit_code = rank.pid > 0 ? rank.exit_code : 127;
+      for (const auto& line : rank.tail) outcome.output_tail += line + "\n";
+      if (rank.pid > 0 && rank.exit_code != 0) {
+        // A rank failed on its own unless the launcher stopped it first. Peers of a
+        // failed rank often fail by themselves too (their collectives break), so
+        // the first failure is judged by the time each rank recorded it.
+        const auto recorded_ns = recorded_failure_ns(rank.error_file);
+        const bool own = !rank.signaled || (recorded_ns && *recorded_ns < rank.signaled_ns);
+        outcome.killed_by_launcher = !own;
+        const int64_t failed_ns = recorded_ns ? std::min(*recorded_ns, rank.exited_ns) : rank.exited_ns;
+        if (own && (result.failed_rank < 0 || failed_ns < first_failure_ns)) {
+          result.failed_rank = r;
+          first_failure_ns = failed_ns;
+        }
+      }
+      result.ranks.push_back(std::move(outcome));
+    }
+    if (spawn_failed_rank_ >= 0) {
+      result.failed_rank = spawn_failed_rank_;
+      result.exit_code = 127;
+      result.summary = spawn_failure_;
+    } else if (result.failed_rank >= 0) {
+      const RankOutcome& failed = result.ranks[result.failed_rank];
+      result.exit_code = failed.exit_code;
+      result.summary = fmt::format("rank {} failed with {}; ", failed.rank,
+                                   describe_exit(failed.exit_code, ranks_[failed.rank].terminating_signal));
+      result.summary += failed.output_tail.empty() ? "no output" : "last output:\n" + failed.output_tail;
+    } else if (interrupted_by_ != 0) {
+      result.exit_code = 128 + interrupted_by_;
+      result.summary = fmt::format("launcher interrupted by signal {} ({}); ranks stopped", interrupted_by_,
+                                   strsignal(interrupted_by_));
+    }
+    return result;
+  }
+
+  const LaunchOptions& options_;
+  std::vector<Rank> ranks_;
+  std::string error_dir_;
+  int64_t kill_deadline_ns_ = 0;
+  bool killed_ = false;
+  int interrupted_by_ = 0;
+  int spawn_failed_rank_ = -1;
+  std::string spawn_failure_;
+};
+
+}  // namespace
+
+bool in_distributed_world() { return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr; }
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw errno_error("free_port: socket");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;  // the kernel picks an unused port
+  socklen_t length = sizeof address;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const auto error = errno_error("free_port: bind 127.0.0.1:0");
+    close(fd);
+    throw error;
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+LaunchResult launch_local(const LaunchOptions& options) {
+  AUTOTP_USER_CHECK(options.nproc >= 1, "launcher: nproc must be at least 1, got {}", options.nproc);
+  AUTOTP_USER_CHECK(!options.argv.empty(), "launcher: no program to run");
+  log().debug("launching {} local ranks of {}", options.nproc, options.argv[0]);
+  return LocalLaunch(options).run();
+}
+
+std::string self_executable() {
+  std::vector<char> buffer(4096);
+  const ssize_t n = readlink("/proc/self/exe", buffer.data(), buffer.size() - 1);
+  if (n < 0) throw errno_error("self_executable: readlink /proc/self/exe");
+  return std::string(buffer.data(), static_cast<size_t>(n));
+}
+
+void record_rank_failure(const std::string& message) {
+  const char* path = std::getenv(kErrorFileVariable);
+  if (path == nullptr || *path == '\0') return;
+  std::ofstream out(path, std::ios::trunc);
+  out << now_ns() << "\n" << message << "\n";
+}
+
+}  // namespace autotp::launcher

@@ -1,0 +1,21 @@
+// Helpers that build HF model directories for tests.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+namespace autotp::test {
+
+// A fresh empty directory under /tmp (removed by the OS, not by the test).
+std::string make_temp_dir(const std::string& tag);
+
+// Writes config.json + model.safetensors into `dir` (created) and returns dir.
+std::string write_model_dir(const std::string& dir, const nlohmann::json& config,
+                            const std::map<std::string, torch::Tensor>& weights);
+
+// The config.json of a built-in preset, optionally with keys overridden.
+nlohmann::json preset_config(const std::string& name, const nlohmann::json& overrides = nlohmann::json::object());
+
+}  // namespace autotp::test

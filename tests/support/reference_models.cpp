@@ -1,0 +1,493 @@
+// Reference HF forward passes in plain LibTorch ops. Deliberately simple and
+// independent of engine/: one function per architecture family, written top to
+// bottom the way modeling_llama.py / modeling_gpt2.py read.
+#include "support/reference_models.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace autotp::test {
+namespace {
+
+using json = nlohmann::json;
+using Shape = std::vector<int64_t>;
+
+[[noreturn]] void fail(const std::string& message) {
+  throw std::runtime_error("reference_models: " + message);
+}
+
+bool has(const json& config, const char* key) {
+  return config.contains(key) && !config.at(key).is_null();
+}
+
+// config[key] when present and non-null, otherwise fallback.
+template <typename T>
+T get_or(const json& config, const char* key, T fallback) {
+  return has(config, key) ? config.at(key).get<T>() : fallback;
+}
+
+template <typename T>
+T require(const json& config, const char* key) {
+  if (!has(config, key)) fail(std::string("config lacks required key '") + key + "'");
+  return config.at(key).get<T>();
+}
+
+std::string architecture(const json& config) {
+  if (has(config, "architectures") && config.at("architectures").is_array() &&
+      !config.at("architectures").empty()) {
+    return config.at("architectures").at(0).get<std::string>();
+  }
+  return "";
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// ---------------------------------------------------------------------------
+// Parameter specifications
+// ---------------------------------------------------------------------------
+
+enum class Init { kMatrix, kNorm, kBias };
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  Init init;
+};
+
+// Checks that weights hold exactly the parameters in specs (plus buffers HF
+// checkpoints sometimes carry), with the right shapes and one floating dtype.
+// Returns that dtype.
+torch::ScalarType validate_weights(const std::map<std::string, torch::Tensor>& weights,
+                                   const std::vector<ParamSpec>& specs,
+                                   const std::string& tied_lm_head_source) {
+  std::set<std::string> expected;
+  std::optional<torch::ScalarType> dtype;
+  for (const auto& spec : specs) {
+    expected.insert(spec.name);
+    auto it = weights.find(spec.name);
+    if (it == weights.end()) fail("missing weight '" + spec.name + "'");
+    const torch::Tensor& t = it->second;
+    if (!t.defined()) fail("weight '" + spec.name + "' is undefined");
+    if (t.sizes().vec() != spec.shape) {
+      fail("weight '" + spec.name + "' has shape " + shape_str(t.sizes().vec()) + ", expected " +
+           shape_str(spec.shape));
+    }
+    if (!torch::isFloatingType(t.scalar_type())) fail("weight '" + spec.name + "' is not floating point");
+    if (!dtype) dtype = t.scalar_type();
+    if (t.scalar_type() != *dtype) fail("weights have mixed dtypes (at '" + spec.name + "')");
+  }
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (const auto& [name, tensor] : weights) {
+    if (expected.count(name)) continue;
+    // Non-parameter buffers found in some HF checkpoints.
+    if (ends_with(name, "rotary_emb.inv_freq") || ends_with(name, ".attn.bias") ||
+        ends_with(name, ".attn.masked_bias")) {
+      continue;
+    }
+    // A tied lm_head may appear in a state_dict as an alias of the embedding.
+    if (name == "lm_head.weight" && !tied_lm_head_source.empty() &&
+        torch::equal(tensor, weights.at(tied_lm_head_source))) {
+      continue;
+    }
+    fail("unexpected weight '" + name + "' for this config");
+  }
+  return dtype.value_or(torch::kFloat);
+}
+
+torch::Tensor embed(const torch::Tensor& table, const torch::Tensor& input_ids) {
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  return table.index_select(0, input_ids.reshape({-1})).view({batch, seq, table.size(1)});
+}
+
+void check_input_ids(const torch::Tensor& input_ids, int64_t vocab) {
+  if (!input_ids.defined() || input_ids.dim() != 2) fail("input_ids must be a 2-D [batch, seq] tensor");
+  if (input_ids.scalar_type() != torch::kLong) fail("input_ids must be int64");
+  if (input_ids.size(1) < 1) fail("input_ids must have at least one position");
+  if (input_ids.numel() > 0 &&
+      (input_ids.min().item<int64_t>() < 0 || input_ids.max().item<int64_t>() >= vocab)) {
+    fail("input_ids out of range [0, vocab_size)");
+  }
+}
+
+// Boolean [T, T] mask, true above the diagonal (key position after query position).
+torch::Tensor future_mask(int64_t seq) {
+  return torch::ones({seq, seq}, torch::kBool).triu(1);
+}
+
+// ---------------------------------------------------------------------------
+// Llama / Mistral / Qwen2
+// ---------------------------------------------------------------------------
+
+enum class LlamaVariant { kLlama, kMistral, kQwen2 };
+
+struct LlamaSpec {
+  LlamaVariant variant = LlamaVariant::kLlama;
+  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double eps = 1e-6, theta = 10000.0;
+  bool qkv_bias = false, o_bias = false, mlp_bias = false, tie = false;
+  std::optional<int64_t> sliding_window;  // Mistral only: sequences longer than this are refused
+};
+
+LlamaSpec parse_llama(const json& config) {
+  LlamaSpec s;
+  const std::string arch = architecture(config);
+  const std::string model_type = get_or<std::string>(config, "model_type", "");
+  if (arch == "LlamaForCausalLM" || (arch.empty() && (model_type.empty() || model_type == "llama"))) {
+    s.variant = LlamaVariant::kLlama;
+  } else if (arch == "MistralForCausalLM" || (arch.empty() && model_type == "mistral")) {
+    s.variant = LlamaVariant::kMistral;
+  } else if (arch == "Qwen2ForCausalLM" || (arch.empty() && model_type == "qwen2")) {
+    s.variant = LlamaVariant::kQwen2;
+  } else {
+    fail("llama path does not handle architecture '" + arch + "' / model_type '" + model_type + "'");
+  }
+  s.vocab = require<int64_t>(config, "vocab_size");
+  s.hidden = require<int64_t>(config, "hidden_size");
+  s.intermediate = require<int64_t>(config, "intermediate_size");
+  s.layers = require<int64_t>(config, "num_hidden_layers");
+  s.heads = require<int64_t>(config, "num_attention_heads");
+  s.kv_heads = get_or<int64_t>(config, "num_key_value_heads", s.heads);
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.heads % s.kv_heads != 0) {
+    fail("num_attention_heads must be a positive multiple of num_key_value_heads");
+  }
+  if (!has(config, "head_dim") && s.hidden % s.heads != 0) fail("hidden_size not divisible by heads");
+  s.head_dim = get_or<int64_t>(config, "head_dim", s.hidden / s.heads);
+  if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("head_dim must be positive and even for rotary");
+  s.eps = get_or<double>(config, "rms_norm_eps", 1e-6);
+  s.theta = get_or<double>(config, "rope_theta", 10000.0);
+  s.tie = get_or<bool>(config, "tie_word_embeddings", false);
+
+  const std::string act = get_or<std::string>(config, "hidden_act", "silu");
+  if (act != "silu") fail("hidden_act '" + act + "' is not supported (only silu)");
+  if (has(config, "rope_scaling")) fail("rope_scaling is not supported");
+  if (get_or<double>(config, "partial_rotary_factor", 1.0) != 1.0) fail("partial_rotary_factor != 1 is not supported");
+
+  if (s.variant == LlamaVariant::kQwen2) {
+    // Qwen2Attention: q/k/v always biased, o_proj never; Qwen2MLP has no biases.
+    s.qkv_bias = true;
+    s.o_bias = false;
+    s.mlp_bias = false;
+    if (get_or<bool>(config, "use_sliding_window", false)) fail("qwen2 use_sliding_window is not supported");
+  } else {
+    s.qkv_bias = s.o_bias = get_or<bool>(config, "attention_bias", false);
+    s.mlp_bias = get_or<bool>(config, "mlp_bias", false);
+    if (s.variant == LlamaVariant::kMistral && has(config, "sliding_window")) {
+      s.sliding_window = config.at("sliding_window").get<int64_t>();
+    }
+  }
+  return s;
+}
+
+std::vector<ParamSpec> llama_params(const LlamaSpec& s) {
+  std::vector<ParamSpec> p;
+  p.push_back({"model.embed_tokens.weight", {s.vocab, s.hidden}, Init::kMatrix});
+  const int64_t q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    p.push_back({pre + "input_layernorm.weight", {s.hidden}, Init::kNorm});
+    p.push_back({pre + "self_attn.q_proj.weight", {q_dim, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "self_attn.k_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "self_attn.v_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "self_attn.o_proj.weight", {s.hidden, q_dim}, Init::kMatrix});
+    if (s.qkv_bias) {
+      p.push_back({pre + "self_attn.q_proj.bias", {q_dim}, Init::kBias});
+      p.push_back({pre + "self_attn.k_proj.bias", {kv_dim}, Init::kBias});
+      p.push_back({pre + "self_attn.v_proj.bias", {kv_dim}, Init::kBias});
+    }
+    if (s.o_bias) p.push_back({pre + "self_attn.o_proj.bias", {s.hidden}, Init::kBias});
+    p.push_back({pre + "post_attention_layernorm.weight", {s.hidden}, Init::kNorm});
+    p.push_back({pre + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "mlp.up_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "mlp.down_proj.weight", {s.hidden, s.intermediate}, Init::kMatrix});
+    if (s.mlp_bias) {
+      p.push_back({pre + "mlp.gate_proj.bias", {s.intermediate}, Init::kBias});
+      p.push_back({pre + "mlp.up_proj.bias", {s.intermediate}, Init::kBias});
+      p.push_back({pre + "mlp.down_proj.bias", {s.hidden}, Init::kBias});
+    }
+  }
+  p.push_back({"model.norm.weight", {s.hidden}, Init::kNorm});
+  if (!s.tie) p.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kMatrix});
+  return p;
+}
+
+// nn.Linear: y = x @ W^T + b, W is [out, in].
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  torch::Tensor y = torch::matmul(x, weight.t());
+  if (bias.defined()) y = y + bias;
+  return y;
+}
+
+// LlamaRMSNorm: in fp32, x * rsqrt(mean(x^2) + eps), cast back, times weight.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  const auto input_dtype = x.scalar_type();
+  torch::Tensor xf = x.to(torch::kFloat);
+  torch::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  xf = xf * torch::rsqrt(variance + eps);
+  return weight * xf.to(input_dtype);
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  torch::Tensor x1 = x.narrow(-1, 0, half);
+  torch::Tensor x2 = x.narrow(-1, half, half);
+  return torch::cat({-x2, x1}, -1);
+}
+
+}  // namespace
+
+torch::Tensor reference_llama_logits(const nlohmann::json& config,
+                                     const std::map<std::string, torch::Tensor>& weights,
+                                     const torch::Tensor& input_ids) {
+  torch::NoGradGuard no_grad;
+  const LlamaSpec s = parse_llama(config);
+  check_input_ids(input_ids, s.vocab);
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  if (s.sliding_window && seq > *s.sliding_window) {
+    fail("sequence longer than Mistral sliding_window is not supported");
+  }
+  const torch::ScalarType dtype = validate_weights(weights, llama_params(s), s.tie ? "model.embed_tokens.weight" : "");
+  auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(name); };
+  auto maybe = [&](bool present, const std::string& name) { return present ? w(name) : torch::Tensor(); };
+
+  // Rotary tables (LlamaRotaryEmbedding, default rope): computed in fp32, cast to the model dtype.
+  torch::Tensor inv_freq = torch::reciprocal(torch::pow(
+      s.theta, torch::arange(0, s.head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(s.head_dim)));
+  torch::Tensor positions = torch::arange(seq, torch::kLong).to(torch::kFloat);
+  torch::Tensor freqs = torch::outer(positions, inv_freq);  // [T, head_dim/2]
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);      // [T, head_dim]
+  torch::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+
+  const torch::Tensor mask = future_mask(seq);
+  const int64_t groups = s.heads / s.kv_heads;
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
+
+  torch::Tensor h = embed(w("model.embed_tokens.weight"), input_ids);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+
+    // Self-attention block.
+    torch::Tensor residual = h;
+    torch::Tensor x = rms_norm(h, w(pre + "input_layernorm.weight"), s.eps);
+    torch::Tensor q = linear(x, w(pre + "self_attn.q_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.q_proj.bias"));
+    torch::Tensor k = linear(x, w(pre + "self_attn.k_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.k_proj.bias"));
+    torch::Tensor v = linear(x, w(pre + "self_attn.v_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.v_proj.bias"));
+    q = q.view({batch, seq, s.heads, s.head_dim}).transpose(1, 2);     // [B, H, T, D]
+    k = k.view({batch, seq, s.kv_heads, s.head_dim}).transpose(1, 2);  // [B, KV, T, D]
+    v = v.view({batch, seq, s.kv_heads, s.head_dim}).transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    // repeat_kv: kv head j serves query heads j*groups .. (j+1)*groups-1.
+    k = k.unsqueeze(2).expand({batch, s.kv_heads, groups, seq, s.head_dim}).reshape({batch, s.heads, seq, s.head_dim});
+    v = v.unsqueeze(2).expand({batch, s.kv_heads, groups, seq, s.head_dim}).reshape({batch, s.heads, seq, s.head_dim});
+    torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
+    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+    torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(dtype);
+    torch::Tensor attn = torch::matmul(probs, v).transpose(1, 2).reshape({batch, seq, s.heads * s.head_dim});
+    attn = linear(attn, w(pre + "self_attn.o_proj.weight"), maybe(s.o_bias, pre + "self_attn.o_proj.bias"));
+    h = residual + attn;
+
+    // MLP block: down(silu(gate(x)) * up(x)).
+    residual = h;
+    x = rms_norm(h, w(pre + "post_attention_layernorm.weight"), s.eps);
+    torch::Tensor gate = linear(x, w(pre + "mlp.gate_proj.weight"), maybe(s.mlp_bias, pre + "mlp.gate_proj.bias"));
+    torch::Tensor up = linear(x, w(pre + "mlp.up_proj.weight"), maybe(s.mlp_bias, pre + "mlp.up_proj.bias"));
+    torch::Tensor down = linear(torch::silu(gate) * up, w(pre + "mlp.down_proj.weight"),
+                                maybe(s.mlp_bias, pre + "mlp.down_proj.bias"));
+    h = residual + down;
+  }
+  h = rms_norm(h, w("model.norm.weight"), s.eps);
+  const torch::Tensor& head = s.tie ? w("model.embed_tokens.weight") : w("lm_head.weight");
+  return torch::matmul(h, head.t()).to(torch::kFloat);
+}
+
+// ---------------------------------------------------------------------------
+// GPT-2
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct Gpt2Spec {
+  int64_t vocab = 0, embd = 0, layers = 0, heads = 0, positions = 0, inner = 0;
+  double eps = 1e-5;
+  std::string act = "gelu_new";
+  bool scale_attn = true, tie = true;
+};
+
+Gpt2Spec parse_gpt2(const json& config) {
+  Gpt2Spec s;
+  const std::string arch = architecture(config);
+  if (!arch.empty() && arch != "GPT2LMHeadModel") fail("gpt2 path does not handle architecture '" + arch + "'");
+  s.vocab = require<int64_t>(config, "vocab_size");
+  s.embd = require<int64_t>(config, "n_embd");
+  s.layers = require<int64_t>(config, "n_layer");
+  s.heads = require<int64_t>(config, "n_head");
+  s.positions = require<int64_t>(config, "n_positions");
+  if (s.heads <= 0 || s.embd % s.heads != 0) fail("n_embd must be divisible by n_head");
+  s.inner = get_or<int64_t>(config, "n_inner", 4 * s.embd);
+  s.eps = get_or<double>(config, "layer_norm_epsilon", 1e-5);
+  s.act = get_or<std::string>(config, "activation_function", "gelu_new");
+  if (s.act != "gelu_new" && s.act != "gelu") fail("activation_function '" + s.act + "' is not supported");
+  s.scale_attn = get_or<bool>(config, "scale_attn_weights", true);
+  s.tie = get_or<bool>(config, "tie_word_embeddings", true);
+  if (get_or<bool>(config, "scale_attn_by_inverse_layer_idx", false)) {
+    fail("scale_attn_by_inverse_layer_idx is not supported");
+  }
+  if (get_or<bool>(config, "reorder_and_upcast_attn", false)) fail("reorder_and_upcast_attn is not supported");
+  if (get_or<bool>(config, "add_cross_attention", false)) fail("add_cross_attention is not supported");
+  return s;
+}
+
+std::vector<ParamSpec> gpt2_params(const Gpt2Spec& s) {
+  std::vector<ParamSpec> p;
+  p.push_back({"transformer.wte.weight", {s.vocab, s.embd}, Init::kMatrix});
+  p.push_back({"transformer.wpe.weight", {s.positions, s.embd}, Init::kMatrix});
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string pre = "transformer.h." + std::to_string(l) + ".";
+    p.push_back({pre + "ln_1.weight", {s.embd}, Init::kNorm});
+    p.push_back({pre + "ln_1.bias", {s.embd}, Init::kBias});
+    p.push_back({pre + "attn.c_attn.weight", {s.embd, 3 * s.embd}, Init::kMatrix});
+    p.push_back({pre + "attn.c_attn.bias", {3 * s.embd}, Init::kBias});
+    p.push_back({pre + "attn.c_proj.weight", {s.embd, s.embd}, Init::kMatrix});
+    p.push_back({pre + "attn.c_proj.bias", {s.embd}, Init::kBias});
+    p.push_back({pre + "ln_2.weight", {s.embd}, Init::kNorm});
+    p.push_back({pre + "ln_2.bias", {s.embd}, Init::kBias});
+    p.push_back({pre + "mlp.c_fc.weight", {s.embd, s.inner}, Init::kMatrix});
+    p.push_back({pre + "mlp.c_fc.bias", {s.inner}, Init::kBias});
+    p.push_back({pre + "mlp.c_proj.weight", {s.inner, s.embd}, Init::kMatrix});
+    p.push_back({pre + "mlp.c_proj.bias", {s.embd}, Init::kBias});
+  }
+  p.push_back({"transformer.ln_f.weight", {s.embd}, Init::kNorm});
+  p.push_back({"transformer.ln_f.bias", {s.embd}, Init::kBias});
+  if (!s.tie) p.push_back({"lm_head.weight", {s.vocab, s.embd}, Init::kMatrix});
+  return p;
+}
+
+// Conv1D: y = x @ W + b, W is [in, out].
+torch::Tensor conv1d(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  return torch::matmul(x, weight) + bias;
+}
+
+torch::Tensor gelu_new(const torch::Tensor& x) {
+  const double c = std::sqrt(2.0 / 3.14159265358979323846);
+  return 0.5 * x * (1.0 + torch::tanh(c * (x + 0.044715 * torch::pow(x, 3.0))));
+}
+
+}  // namespace
+
+torch::Tensor reference_gpt2_logits(const nlohmann::json& config,
+                                    const std::map<std::string, torch::Tensor>& weights,
+                                    const torch::Tensor& input_ids) {
+  torch::NoGradGuard no_grad;
+  const Gpt2Spec s = parse_gpt2(config);
+  check_input_ids(input_ids, s.vocab);
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  if (seq > s.positions) fail("sequence longer than n_positions");
+  validate_weights(weights, gpt2_params(s), s.tie ? "transformer.wte.weight" : "");
+  auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(name); };
+
+  const int64_t head_dim = s.embd / s.heads;
+  const torch::Tensor mask = future_mask(seq);
+  torch::Tensor h = embed(w("transformer.wte.weight"), input_ids) +
+                    w("transformer.wpe.weight").narrow(0, 0, seq).unsqueeze(0);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string pre = "transformer.h." + std::to_string(l) + ".";
+
+    torch::Tensor residual = h;
+    torch::Tensor x = torch::layer_norm(h, {s.embd}, w(pre + "ln_1.weight"), w(pre + "ln_1.bias"), s.eps);
+    torch::Tensor qkv = conv1d(x, w(pre + "attn.c_attn.weight"), w(pre + "attn.c_attn.bias"));
+    auto parts = qkv.split(s.embd, -1);  // [q | k | v]
+    auto heads_view = [&](const torch::Tensor& t) {
+      return t.reshape({batch, seq, s.heads, head_dim}).transpose(1, 2);  // [B, H, T, D]
+    };
+    torch::Tensor q = heads_view(parts[0]), k = heads_view(parts[1]), v = heads_view(parts[2]);
+    torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2));
+    if (s.scale_attn) scores = scores / std::sqrt(static_cast<double>(head_dim));
+    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+    torch::Tensor probs = torch::softmax(scores, -1).to(v.scalar_type());
+    torch::Tensor attn = torch::matmul(probs, v).transpose(1, 2).reshape({batch, seq, s.embd});
+    attn = conv1d(attn, w(pre + "attn.c_proj.weight"), w(pre + "attn.c_proj.bias"));
+    h = residual + attn;
+
+    residual = h;
+    x = torch::layer_norm(h, {s.embd}, w(pre + "ln_2.weight"), w(pre + "ln_2.bias"), s.eps);
+    torch::Tensor m = conv1d(x, w(pre + "mlp.c_fc.weight"), w(pre + "mlp.c_fc.bias"));
+    m = s.act == "gelu_new" ? gelu_new(m) : torch::gelu(m);
+    m = conv1d(m, w(pre + "mlp.c_proj.weight"), w(pre + "mlp.c_proj.bias"));
+    h = residual + m;
+  }
+  h = torch::layer_norm(h, {s.embd}, w("transformer.ln_f.weight"), w("transformer.ln_f.bias"), s.eps);
+  const torch::Tensor& head = s.tie ? w("transformer.wte.weight") : w("lm_head.weight");
+  return torch::matmul(h, head.t()).to(torch::kFloat);
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch, loss, random weights
+// ---------------------------------------------------------------------------
+
+namespace {
+
+enum class Family { kLlama, kGpt2 };
+
+Family family_of(const json& config) {
+  const std::string arch = architecture(config);
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM") return Family::kLlama;
+  if (arch == "GPT2LMHeadModel") return Family::kGpt2;
+  fail("unsupported or missing config architectures[0]: '" + arch + "'");
+}
+
+}  // namespace
+
+torch::Tensor reference_logits(const nlohmann::json& config,
+                               const std::map<std::string, torch::Tensor>& weights,
+                               const torch::Tensor& input_ids) {
+  return family_of(config) == Family::kLlama ? reference_llama_logits(config, weights, input_ids)
+                                             : reference_gpt2_logits(config, weights, input_ids);
+}
+
+torch::Tensor reference_next_token_loss(const torch::Tensor& logits, const torch::Tensor& input_ids) {
+  if (logits.dim() != 3 || input_ids.dim() != 2 || logits.size(0) != input_ids.size(0) ||
+      logits.size(1) != input_ids.size(1)) {
+    fail("next_token_loss: logits must be [B, T, V] matching input_ids [B, T]");
+  }
+  if (input_ids.size(1) < 2) fail("next_token_loss: need at least two positions");
+  const int64_t vocab = logits.size(2);
+  torch::Tensor pred = logits.narrow(1, 0, logits.size(1) - 1).reshape({-1, vocab}).to(torch::kFloat);
+  torch::Tensor target = input_ids.narrow(1, 1, input_ids.size(1) - 1).reshape({-1});
+  return torch::nn::functional::cross_entropy(pred, target);  // mean reduction
+}
+
+std::map<std::string, torch::Tensor> reference_random_weights(const nlohmann::json& config, uint64_t seed) {
+  const std::vector<ParamSpec> specs =
+      family_of(config) == Family::kLlama ? llama_params(parse_llama(config)) : gpt2_params(parse_gpt2(config));
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& spec : specs) {  // fixed order => deterministic in seed
+    torch::Tensor noise = torch::randn(spec.shape, gen, torch::TensorOptions().dtype(torch::kFloat));
+    switch (spec.init) {
+      case Init::kMatrix:
+      case Init::kBias:
+        out[spec.name] = noise * 0.02;
+        break;
+      case Init::kNorm:
+        out[spec.name] = 1.0 + noise * 0.1;
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace autotp::test

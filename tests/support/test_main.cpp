@@ -1,0 +1,22 @@
+// GoogleTest main that doubles as a worker rank: `<test binary> --autotp-worker
+// NAME ARGS...` runs the AUTOTP_WORKER named NAME (see multiprocess.h) instead
+// of the tests; it exits 0 on success and 1 with the error on stderr otherwise.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "support/multiprocess.h"
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--autotp-worker") {
+    if (argc < 3) {
+      std::fprintf(stderr, "usage: %s --autotp-worker NAME [ARGS...]\n", argv[0]);
+      return 2;
+    }
+    return autotp::test::run_worker_main(argv[2], std::vector<std::string>(argv + 3, argv + argc));
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

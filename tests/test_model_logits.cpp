@@ -1,0 +1,141 @@
+// Single-rank model correctness: the engine's logits against the independent
+// reference implementation of the HF definitions, and HF-directory loading rules.
+#include <gtest/gtest.h>
+
+#include "autotp/io/safetensors.h"
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "support/model_fixtures.h"
+#include "support/reference_models.h"
+
+namespace autotp {
+namespace {
+
+using nlohmann::json;
+
+struct LogitsCase {
+  std::string name;
+  std::string preset;
+  json overrides;
+};
+
+// Test names in ctest listings show the case name, not raw bytes.
+void PrintTo(const LogitsCase& c, std::ostream* os) { *os << c.name; }
+
+std::unique_ptr<CausalLM> load_single(const std::string& dir, Comm& self) {
+  auto source = resolve_model(dir);
+  return load_model(source, TpPlan::build(source.config, {}), self, torch::kFloat32, 0);
+}
+
+class ModelLogits : public ::testing::TestWithParam<LogitsCase> {};
+
+TEST_P(ModelLogits, MatchesReferenceImplementation) {
+  const auto& c = GetParam();
+  json config = test::preset_config(c.preset, c.overrides);
+  auto weights = test::reference_random_weights(config, 1234);
+  std::string dir = test::write_model_dir(test::make_temp_dir("logits"), config, weights);
+  Comm self;
+  auto model = load_single(dir, self);
+  torch::manual_seed(7);
+  auto ids = torch::randint(0, config["vocab_size"].get<int64_t>(), {2, 11}, torch::kLong);
+  auto expected = test::reference_logits(config, weights, ids);
+  torch::NoGradGuard no_grad;
+  auto actual = model->full_logits(ids);
+  ASSERT_EQ(actual.sizes(), expected.sizes());
+  double max_diff = (actual - expected).abs().max().item<double>();
+  EXPECT_LT(max_diff, 1e-5) << c.name;
+  // The loss path (vocab-parallel cross-entropy on one rank) equals the reference loss.
+  auto losses = model->token_losses(ids.narrow(1, 0, 10), ids.narrow(1, 1, 10));
+  double loss = losses.mean().item<double>();
+  double ref_loss = test::reference_next_token_loss(expected, ids).item<double>();
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, ModelLogits,
+    ::testing::Values(LogitsCase{"llama_gqa_uneven", "llama-tiny", json::object()},
+                      LogitsCase{"llama_tied", "llama-tiny-tied", json::object()},
+                      LogitsCase{"llama_attention_and_mlp_bias", "llama-tiny",
+                                 {{"attention_bias", true}, {"mlp_bias", true}}},
+                      LogitsCase{"llama_explicit_head_dim", "llama-tiny", {{"head_dim", 24}}},
+                      LogitsCase{"llama_rope_theta", "llama-tiny", {{"rope_theta", 500000.0}}},
+                      LogitsCase{"mistral", "mistral-tiny", json::object()},
+                      LogitsCase{"qwen2_qkv_bias", "qwen2-tiny", json::object()},
+                      LogitsCase{"gpt2", "gpt2-tiny", json::object()}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(ModelLoading, AcceptsCheckpointWithoutBasePrefixAndSkipsBuffers) {
+  json config = test::preset_config("gpt2-tiny");
+  auto weights = test::reference_random_weights(config, 5);
+  std::map<std::string, torch::Tensor> stripped;
+  for (auto& [name, t] : weights) stripped[name.substr(std::string("transformer.").size())] = t;
+  stripped["h.0.attn.bias"] = torch::ones({1, 1, 4, 4});
+  stripped["h.0.attn.masked_bias"] = torch::tensor(-1e4);
+  std::string dir = test::write_model_dir(test::make_temp_dir("noprefix"), config, stripped);
+  Comm self;
+  auto model = load_single(dir, self);
+  auto ids = torch::randint(0, 259, {1, 9}, torch::kLong);
+  auto expected = test::reference_logits(config, weights, ids);
+  EXPECT_LT((model->full_logits(ids) - expected).abs().max().item<double>(), 1e-5);
+}
+
+TEST(ModelLoading, MissingAndUnexpectedTensorsAreNamed) {
+  json config = test::preset_config("llama-tiny");
+  auto weights = test::reference_random_weights(config, 5);
+  weights.erase("model.layers.1.mlp.up_proj.weight");
+  weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch::ones({8});  // skipped like HF
+  std::string dir = test::write_model_dir(test::make_temp_dir("missing"), config, weights);
+  Comm self;
+  try {
+    load_single(dir, self);
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.up_proj.weight"), std::string::npos) << e.what();
+  }
+  weights = test::reference_random_weights(config, 5);
+  weights["model.layers.0.extra.weight"] = torch::ones({3});
+  dir = test::write_model_dir(test::make_temp_dir("unexpected"), config, weights);
+  try {
+    load_single(dir, self);
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.extra.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelLoading, ShapeMismatchIsAnError) {
+  json config = test::preset_config("llama-tiny");
+  auto weights = test::reference_random_weights(config, 5);
+  weights["model.norm.weight"] = torch::ones({95});
+  std::string dir = test::write_model_dir(test::make_temp_dir("shape"), config, weights);
+  Comm self;
+  EXPECT_THROW(load_single(dir, self), UserError);
+}
+
+TEST(ModelConfigParsing, RejectsWhatIsNotImplemented) {
+  auto parse = [](json overrides, const std::string& preset = "llama-tiny") {
+    return ModelConfig::from_json(test::preset_config(preset, overrides), "config.json");
+  };
+  EXPECT_THROW(parse({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}), UserError);
+  EXPECT_THROW(parse({{"hidden_act", "gelu"}}), UserError);
+  EXPECT_THROW(parse({{"architectures", {"BertModel"}}}), UserError);
+  EXPECT_THROW(parse({{"num_key_value_heads", 4}}), UserError);  // 6 heads not a multiple of 4
+  EXPECT_THROW(parse({{"activation_function", "relu"}}, "gpt2-tiny"), UserError);
+  EXPECT_NO_THROW(parse({{"rope_scaling", nullptr}}));
+  auto c = parse(json::object());
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.kv_group_size(), 3);
+}
+
+TEST(Presets, ParameterCountsMatchTheLayout) {
+  auto c = ModelConfig::from_json(test::preset_config("llama-tiny"), "preset");
+  // embed + head + 2 layers x (2 norms + q,k,v,o + gate,up,down) + final norm
+  int64_t layer = 2 * 96 + 96 * 96 + 2 * 32 * 96 + 96 * 96 + 3 * 96 * 202;
+  EXPECT_EQ(count_parameters(c), 2 * 259 * 96 + 2 * layer + 96);
+  auto tied = ModelConfig::from_json(test::preset_config("llama-tiny-tied"), "preset");
+  EXPECT_EQ(count_parameters(tied), count_parameters(c) - 259 * 96);
+}
+
+}  // namespace
+}  // namespace autotp
