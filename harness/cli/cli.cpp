@@ -59,6 +59,7 @@ int run(int argc, char** argv) {
   register_init(app);
   register_eval(app);
   register_plan(app);
+  register_train(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -37,5 +37,6 @@ void register_presets(CLI::App& app);
 void register_init(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_train(CLI::App& app);
 
 }  // namespace autotp::cli

@@ -70,6 +70,7 @@ void register_eval(CLI::App& app) {
       std::cout << fmt::format("loss {:.6f} over {} tokens (perplexity {:.3f}) -> {}\n", loss, count,
                                std::exp(loss), args->out);
     }
+    topology->world().barrier();  // rank 0 hosts the store: leave together
   });
 }
 

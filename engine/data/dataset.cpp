@@ -1,0 +1,466 @@
+#include "autotp/data/dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "autotp/data/token_sequences.h"
+#include "autotp/runtime/error.h"
+
+// .bin files are little-endian and read in place through mmap.
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "autotp's .bin token reader assumes a little-endian host"
+#endif
+
+namespace autotp {
+
+Dataset::~Dataset() = default;
+
+namespace {
+
+std::string extension_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
+  return path.substr(dot);
+}
+
+// ---------------------------------------------------------------- token streams
+
+// The flat token sequence a packed dataset cuts into examples.
+class TokenStream {
+ public:
+  virtual ~TokenStream() = default;
+  virtual int64_t size() const = 0;
+  virtual void copy(int64_t begin, int64_t count, int64_t* out) const = 0;
+};
+
+// Tokens produced by the byte-level tokenizer (small files: held in memory).
+class InMemoryTokens : public TokenStream {
+ public:
+  explicit InMemoryTokens(std::vector<uint32_t> tokens) : tokens_(std::move(tokens)) {}
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
+  void copy(int64_t begin, int64_t count, int64_t* out) const override {
+    std::copy(tokens_.begin() + begin, tokens_.begin() + begin + count, out);
+  }
+
+ private:
+  std::vector<uint32_t> tokens_;
+};
+
+// A read-only memory mapping of a whole file, unmapped on destruction.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    AUTOTP_USER_CHECK(fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+    struct stat status {};
+    const bool stat_ok = ::fstat(fd, &status) == 0;
+    const int stat_errno = errno;
+    if (!stat_ok || !S_ISREG(status.st_mode)) {
+      ::close(fd);
+      AUTOTP_USER_CHECK(stat_ok, "{}: cannot stat: {}", path, std::strerror(stat_errno));
+      throw_user_error("{}: not a regular file", path);
+    }
+    size_ = static_cast<size_t>(status.st_size);
+    if (size_ > 0) {
+      void* mapping = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int map_errno = errno;
+      ::close(fd);  // the mapping keeps the file alive
+      AUTOTP_USER_CHECK(mapping != MAP_FAILED, "{}: cannot mmap: {}", path, std::strerror(map_errno));
+      data_ = static_cast<const uint8_t*>(mapping);
+    } else {
+      ::close(fd);
+    }
+  }
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A .bin file read in place: several ranks on one host share the page cache
+// instead of each holding a private copy of a possibly large corpus.
+template <typename T>
+class MappedTokens : public TokenStream {
+ public:
+  explicit MappedTokens(std::unique_ptr<MappedFile> file)
+      : file_(std::move(file)), tokens_(reinterpret_cast<const T*>(file_->data())) {}
+  int64_t size() const override { return static_cast<int64_t>(file_->size() / sizeof(T)); }
+  void copy(int64_t begin, int64_t count, int64_t* out) const override {
+    std::copy(tokens_ + begin, tokens_ + begin + count, out);
+  }
+
+ private:
+  std::unique_ptr<MappedFile> file_;
+  const T* tokens_;  // page-aligned, so aligned for T
+};
+
+// ---------------------------------------------------------------- byte-level tokenizer
+
+void check_byte_level_vocab(const std::string& path, const DataOptions& options) {
+  for (const auto& [name, id] : {std::pair<const char*, int64_t>{"bos_id", options.bos_id},
+                                 {"eos_id", options.eos_id},
+                                 {"pad_id", options.pad_id}}) {
+    AUTOTP_USER_CHECK(id >= 0, "{}: {} is {}; token ids cannot be negative", path, name, id);
+  }
+  const int64_t needed = std::max({int64_t{256}, options.bos_id + 1, options.eos_id + 1, options.pad_id + 1});
+  AUTOTP_USER_CHECK(options.vocab_size >= needed,
+                    "{}: byte-level text needs vocab_size >= {} (256 byte ids, BOS {}, EOS {}, pad {}), but "
+                    "vocab_size is {}",
+                    path, needed, options.bos_id, options.eos_id, options.pad_id, options.vocab_size);
+}
+
+void append_bytes(const std::string& text, std::vector<uint32_t>& out) {
+  for (unsigned char byte : text) out.push_back(byte);
+}
+
+// BOS + the text's bytes + EOS.
+void append_document(const std::string& text, const DataOptions& options, std::vector<uint32_t>& out) {
+  out.push_back(static_cast<uint32_t>(options.bos_id));
+  append_bytes(text, out);
+  out.push_back(static_cast<uint32_t>(options.eos_id));
+}
+
+int64_t required_seq_len(const std::string& path, const DataOptions& options, const char* format) {
+  AUTOTP_USER_CHECK(options.seq_len > 0,
+                    "{}: {} data needs a positive seq_len (tokens per example), but seq_len is {}", path,
+                    format, options.seq_len);
+  return options.seq_len;
+}
+
+// ---------------------------------------------------------------- packed datasets
+
+// A token stream cut into consecutive chunks of seq_len + 1 tokens; chunk k
+// gives input chunk[:-1] and labels chunk[1:]. The last partial chunk is padded
+// (pad inputs, ignored labels); one of a single token has no target and is dropped.
+class PackedDataset : public Dataset {
+ public:
+  PackedDataset(std::string path, std::string what, std::unique_ptr<TokenStream> tokens,
+                const DataOptions& options)
+      : path_(std::move(path)),
+        what_(std::move(what)),
+        tokens_(std::move(tokens)),
+        seq_len_(options.seq_len),
+        pad_id_(options.pad_id) {
+    const int64_t total = tokens_->size();
+    const int64_t chunk = seq_len_ + 1;
+    AUTOTP_USER_CHECK(total >= 2, "{}: {} holds {} token(s); one example needs at least 2", path_, what_,
+                      total);
+    tail_ = total % chunk;
+    size_ = total / chunk + (tail_ >= 2 ? 1 : 0);
+    // Only a padded example ever feeds pad_id to the model.
+    AUTOTP_USER_CHECK(tail_ < 2 || (pad_id_ >= 0 && pad_id_ < options.vocab_size),
+                      "{}: the last example needs padding, but pad_id {} is outside the vocabulary [0, {})",
+                      path_, pad_id_, options.vocab_size);
+  }
+
+  int64_t size() const override { return size_; }
+  int64_t seq_len() const override { return seq_len_; }
+
+  Example get(int64_t index) const override {
+    TORCH_CHECK(index >= 0 && index < size_, "PackedDataset::get: index ", index, " outside [0, ", size_,
+                ") for ", path_);
+    const int64_t chunk = seq_len_ + 1;
+    const int64_t begin = index * chunk;
+    const int64_t count = std::min(chunk, tokens_->size() - begin);
+    std::vector<int64_t> window(static_cast<size_t>(chunk), pad_id_);
+    tokens_->copy(begin, count, window.data());
+    Example example;
+    example.input_ids.assign(window.begin(), window.end() - 1);
+    example.labels.assign(window.begin() + 1, window.end());
+    for (int64_t t = count - 1; t < seq_len_; ++t) example.labels[static_cast<size_t>(t)] = kIgnoreLabel;
+    return example;
+  }
+
+  std::string describe() const override {
+    return fmt::format("{}: {}, {} tokens packed into {} examples of {} tokens{}", path_, what_,
+                       tokens_->size(), size_, seq_len_,
+                       tail_ >= 2 ? fmt::format(" (the last padded after {} tokens)", tail_ - 1) : "");
+  }
+
+ private:
+  std::string path_;
+  std::string what_;
+  std::unique_ptr<TokenStream> tokens_;
+  int64_t seq_len_;
+  int64_t pad_id_;
+  int64_t tail_ = 0;  // tokens in the last, partial chunk (0 if none)
+  int64_t size_ = 0;
+};
+
+std::unique_ptr<Dataset> open_text(const std::string& path, const DataOptions& options) {
+  required_seq_len(path, options, "text (.txt)");
+  check_byte_level_vocab(path, options);
+  std::ifstream in(path, std::ios::binary);
+  AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
+  std::ostringstream content;
+  content << in.rdbuf();
+  const std::string text = content.str();
+  AUTOTP_USER_CHECK(!text.empty(), "{}: the file is empty; there is nothing to train on", path);
+  std::vector<uint32_t> tokens;
+  tokens.reserve(text.size() + 2);
+  append_document(text, options, tokens);
+  return std::make_unique<PackedDataset>(path, "byte-level text",
+                                         std::make_unique<InMemoryTokens>(std::move(tokens)), options);
+}
+
+std::unique_ptr<Dataset> open_bin(const std::string& path, const DataOptions& options) {
+  required_seq_len(path, options, "token (.bin)");
+  AUTOTP_USER_CHECK(options.bin_dtype == "uint16" || options.bin_dtype == "uint32",
+                    "{}: bin_dtype must be uint16 or uint32, got '{}'", path, options.bin_dtype);
+  const size_t width = options.bin_dtype == "uint16" ? 2 : 4;
+  auto file = std::make_unique<MappedFile>(path);
+  AUTOTP_USER_CHECK(file->size() > 0, "{}: the file is empty; there is nothing to train on", path);
+  AUTOTP_USER_CHECK(
+      file->size() % width == 0,
+      "{}: {} bytes is not a whole number of {}-byte {} tokens (wrong bin_dtype or truncated file)", path,
+      file->size(), width, options.bin_dtype);
+  auto check_ids = [&](auto* tokens) {
+    const size_t count = file->size() / width;
+    for (size_t i = 0; i < count; ++i) {
+      AUTOTP_USER_CHECK(static_cast<int64_t>(tokens[i]) < options.vocab_size,
+                        "{}: token {} is {}, outside the vocabulary [0, {}) (wrong bin_dtype or vocab?)",
+                        path, i, tokens[i], options.vocab_size);
+    }
+  };
+  std::unique_ptr<TokenStream> tokens;
+  if (width == 2) {
+    check_ids(reinterpret_cast<const uint16_t*>(file->data()));
+    tokens = std::make_unique<MappedTokens<uint16_t>>(std::move(file));
+  } else {
+    check_ids(reinterpret_cast<const uint32_t*>(file->data()));
+    tokens = std::make_unique<MappedTokens<uint32_t>>(std::move(file));
+  }
+  return std::make_unique<PackedDataset>(path, options.bin_dtype + " token stream", std::move(tokens),
+                                         options);
+}
+
+// ---------------------------------------------------------------- .json token arrays
+
+// One example per array, never packed or cut: s[:-1] predicts s[1:].
+class TokenArraysDataset : public Dataset {
+ public:
+  TokenArraysDataset(std::string path, torch::Tensor sequences)
+      : path_(std::move(path)), sequences_(std::move(sequences)) {}
+
+  int64_t size() const override { return sequences_.size(0); }
+  int64_t seq_len() const override { return sequences_.size(1) - 1; }
+
+  Example get(int64_t index) const override {
+    TORCH_CHECK(index >= 0 && index < size(), "TokenArraysDataset::get: index ", index, " outside [0, ",
+                size(), ") for ", path_);
+    const int64_t* row = sequences_.data_ptr<int64_t>() + index * sequences_.size(1);
+    Example example;
+    example.input_ids.assign(row, row + seq_len());
+    example.labels.assign(row + 1, row + seq_len() + 1);
+    return example;
+  }
+
+  std::string describe() const override {
+    return fmt::format("{}: {} token arrays, {} examples of {} tokens", path_, size(), size(), seq_len());
+  }
+
+ private:
+  std::string path_;
+  torch::Tensor sequences_;  // int64 [examples, seq_len + 1], contiguous
+};
+
+std::unique_ptr<Dataset> open_token_arrays(const std::string& path, const DataOptions& options) {
+  torch::Tensor sequences = read_token_sequences(path, options.vocab_size).contiguous();
+  const int64_t length = sequences.size(1);
+  AUTOTP_USER_CHECK(options.seq_len == 0 || options.seq_len == length - 1,
+                    "{}: the token arrays hold {} tokens each, i.e. seq_len {}, but seq_len {} was requested "
+                    "(.json arrays are never cut or padded; use seq_len 0 to take it from the file)",
+                    path, length, length - 1, options.seq_len);
+  return std::make_unique<TokenArraysDataset>(path, std::move(sequences));
+}
+
+// ---------------------------------------------------------------- .jsonl records
+
+// Instruction examples: one per record, not packed. Only the output (and EOS)
+// is learned; the prompt is context.
+class InstructionDataset : public Dataset {
+ public:
+  struct Record {
+    std::vector<uint32_t> tokens;  // BOS + prompt + output + EOS, cut to seq_len + 1
+    int64_t prompt_tokens;         // BOS + prompt bytes
+  };
+
+  InstructionDataset(std::string path, std::vector<Record> records, const DataOptions& options,
+                     int64_t record_count, int64_t truncated, int64_t skipped)
+      : path_(std::move(path)),
+        records_(std::move(records)),
+        seq_len_(options.seq_len),
+        pad_id_(options.pad_id),
+        record_count_(record_count),
+        truncated_(truncated),
+        skipped_(skipped) {}
+
+  int64_t size() const override { return static_cast<int64_t>(records_.size()); }
+  int64_t seq_len() const override { return seq_len_; }
+
+  Example get(int64_t index) const override {
+    TORCH_CHECK(index >= 0 && index < size(), "InstructionDataset::get: index ", index, " outside [0, ",
+                size(), ") for ", path_);
+    const Record& record = records_[static_cast<size_t>(index)];
+    const auto count = static_cast<int64_t>(record.tokens.size());
+    Example example;
+    example.input_ids.assign(static_cast<size_t>(seq_len_), pad_id_);
+    example.labels.assign(static_cast<size_t>(seq_len_), kIgnoreLabel);
+    for (int64_t t = 0; t < seq_len_ && t < count; ++t) {
+      example.input_ids[static_cast<size_t>(t)] = record.tokens[static_cast<size_t>(t)];
+      // labels[t] is token t + 1: learned only where that token is output or EOS.
+      if (t + 1 < count && t + 1 >= record.prompt_tokens) {
+        example.labels[static_cast<size_t>(t)] = record.tokens[static_cast<size_t>(t + 1)];
+      }
+    }
+    return example;
+  }
+
+  std::string describe() const override {
+    return fmt::format(
+        "{}: {} instruction records, {} examples of {} tokens ({} of them truncated; {} records skipped: "
+        "no output token left after truncation)",
+        path_, record_count_, size(), seq_len_, truncated_, skipped_);
+  }
+
+ private:
+  std::string path_;
+  std::vector<Record> records_;
+  int64_t seq_len_;
+  int64_t pad_id_;
+  int64_t record_count_;
+  int64_t truncated_;
+  int64_t skipped_;
+};
+
+enum class RecordKind { kText, kInstruction };
+
+const char* kind_name(RecordKind kind) { return kind == RecordKind::kText ? "text" : "instruction"; }
+
+std::string string_field(const std::string& path, int64_t line, const nlohmann::json& record,
+                         const char* key) {
+  const auto it = record.find(key);
+  AUTOTP_USER_CHECK(it != record.end(), "{}: line {}: the record has no \"{}\" field", path, line, key);
+  AUTOTP_USER_CHECK(it->is_string(), "{}: line {}: \"{}\" must be a string, got {}", path, line, key,
+                    it->type_name());
+  return it->get<std::string>();
+}
+
+std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& options) {
+  required_seq_len(path, options, "JSON lines (.jsonl)");
+  check_byte_level_vocab(path, options);
+  std::ifstream in(path, std::ios::binary);
+  AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
+
+  std::vector<uint32_t> text_tokens;
+  std::vector<InstructionDataset::Record> instructions;
+  RecordKind kind = RecordKind::kText;
+  int64_t first_record_line = 0;  // 0 = no record yet
+  int64_t record_count = 0, truncated = 0, skipped = 0;
+  const auto max_tokens = static_cast<size_t>(options.seq_len + 1);
+
+  std::string line;
+  for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
+    // Blank lines (a trailing newline, spacing between records) are not records.
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw_user_error("{}: line {}: invalid JSON at byte {} of the line", path, line_number, e.byte);
+    }
+    AUTOTP_USER_CHECK(record.is_object(), "{}: line {}: expected a JSON object, got {}", path, line_number,
+                      record.type_name());
+    const bool has_text = record.contains("text");
+    const bool has_instruction = record.contains("instruction");
+    AUTOTP_USER_CHECK(!(has_text && has_instruction),
+                      "{}: line {}: a record has either \"text\" or \"instruction\", not both", path,
+                      line_number);
+    AUTOTP_USER_CHECK(has_text || has_instruction,
+                      "{}: line {}: the record has neither \"text\" nor \"instruction\" (with \"output\")",
+                      path, line_number);
+    const RecordKind this_kind = has_text ? RecordKind::kText : RecordKind::kInstruction;
+    if (first_record_line == 0) {
+      kind = this_kind;
+      first_record_line = line_number;
+    }
+    AUTOTP_USER_CHECK(this_kind == kind,
+                      "{}: line {}: {} record, but line {} is a {} record; a file holds one kind of record",
+                      path, line_number, kind_name(this_kind), first_record_line, kind_name(kind));
+    ++record_count;
+
+    if (kind == RecordKind::kText) {
+      append_document(string_field(path, line_number, record, "text"), options, text_tokens);
+      continue;
+    }
+    const std::string instruction = string_field(path, line_number, record, "instruction");
+    const std::string output = string_field(path, line_number, record, "output");
+    std::string input;
+    if (record.contains("input") && !record["input"].is_null()) {
+      input = string_field(path, line_number, record, "input");
+    }
+    const std::string prompt = instruction + (input.empty() ? "" : "\n" + input) + "\n";
+    InstructionDataset::Record example;
+    example.prompt_tokens = 1 + static_cast<int64_t>(prompt.size());
+    example.tokens.push_back(static_cast<uint32_t>(options.bos_id));
+    append_bytes(prompt, example.tokens);
+    append_bytes(output, example.tokens);
+    example.tokens.push_back(static_cast<uint32_t>(options.eos_id));
+    const bool cut = example.tokens.size() > max_tokens;
+    if (cut) example.tokens.resize(max_tokens);
+    // A prompt that fills the whole window leaves nothing to learn.
+    if (static_cast<int64_t>(example.tokens.size()) <= example.prompt_tokens) {
+      ++skipped;
+      continue;
+    }
+    truncated += cut ? 1 : 0;
+    instructions.push_back(std::move(example));
+  }
+  AUTOTP_USER_CHECK(in.eof(), "{}: read error: {}", path, std::strerror(errno));
+  AUTOTP_USER_CHECK(record_count > 0, "{}: the file holds no records; there is nothing to train on", path);
+
+  if (kind == RecordKind::kText) {
+    return std::make_unique<PackedDataset>(path, fmt::format("{} text records", record_count),
+                                           std::make_unique<InMemoryTokens>(std::move(text_tokens)), options);
+  }
+  AUTOTP_USER_CHECK(!instructions.empty(),
+                    "{}: all {} instruction records have prompts of seq_len {} tokens or more, so no output "
+                    "token is left to learn; raise seq_len",
+                    path, record_count, options.seq_len);
+  return std::make_unique<InstructionDataset>(path, std::move(instructions), options, record_count, truncated,
+                                              skipped);
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataOptions& options) {
+  AUTOTP_USER_CHECK(options.vocab_size > 0, "{}: vocab_size must be positive, got {}", path,
+                    options.vocab_size);
+  AUTOTP_USER_CHECK(options.seq_len >= 0, "{}: seq_len must not be negative, got {}", path, options.seq_len);
+  const std::string extension = extension_of(path);
+  if (extension == ".txt") return open_text(path, options);
+  if (extension == ".jsonl") return open_jsonl(path, options);
+  if (extension == ".json") return open_token_arrays(path, options);
+  if (extension == ".bin") return open_bin(path, options);
+  throw_user_error("{}: unknown data format '{}'; expected .txt, .jsonl, .json or .bin", path, extension);
+}
+
+}  // namespace autotp

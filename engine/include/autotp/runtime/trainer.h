@@ -1,0 +1,72 @@
+// Trainer: one optimizer step at a time over this rank's shards. Each step:
+// the sampler gives this dp rank its micro-batches; a hash of them is checked
+// across the tp group; the loss of every micro-batch is scaled by the number of
+// target tokens of the whole global batch (so the step optimizes the mean token
+// cross-entropy of the global batch, exactly as one rank would); the
+// ZeroOptimizer reduces, clips and updates. Not thread safe.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <memory>
+
+#include "autotp/comm/topology.h"
+#include "autotp/data/dataset.h"
+#include "autotp/data/batch.h"
+#include "autotp/data/sampler.h"
+#include "autotp/model/causal_lm.h"
+#include "autotp/runtime/train_config.h"
+#include "autotp/zero/zero_optimizer.h"
+
+namespace autotp {
+
+struct StepMetrics {
+  int64_t step = 0;            // 1-based optimizer step
+  double loss = 0;             // mean token cross-entropy over the global batch, before the update
+  double grad_norm = 0;
+  double lr = 0;
+  double loss_scale = 1;
+  bool skipped = false;
+  int64_t tokens = 0;          // target tokens in the global batch
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  ModelStateBytes model_states;            // this rank
+  ModelStateBytes model_states_analytic;   // the formula for this rank
+  int64_t peak_rss_bytes = 0;              // this rank's peak resident set so far
+  nlohmann::json to_json() const;
+};
+
+class Trainer {
+ public:
+  // `config` must be resolved (resolve_batch) for the topology's world size.
+  Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::unique_ptr<CausalLM> model,
+          std::shared_ptr<Dataset> data, bool shuffle);
+
+  StepMetrics train_step();
+  // One step on explicit micro-batches (this dp rank's gradient_accumulation_steps of them).
+  StepMetrics train_step(const std::vector<Batch>& micro_batches);
+
+  CausalLM& model() { return *model_; }
+  ZeroOptimizer& optimizer() { return *optimizer_; }
+  Topology& topology() { return *topology_; }
+  const TrainConfig& config() const { return config_; }
+  int64_t steps_done() const { return steps_done_; }
+  DistributedSampler* sampler() { return sampler_.get(); }
+
+ private:
+  void check_tp_consistency(const std::vector<Batch>& micro_batches);
+
+  TrainConfig config_;
+  std::shared_ptr<Topology> topology_;
+  std::unique_ptr<CausalLM> model_;
+  std::shared_ptr<Dataset> data_;
+  std::unique_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<ZeroOptimizer> optimizer_;
+  int64_t steps_done_ = 0;
+  int64_t applied_steps_ = 0;  // steps that updated the weights (not skipped for fp16 overflow)
+};
+
+// Model dtype from the config: bf16, fp16 or fp32.
+torch::ScalarType training_dtype(const TrainConfig& config);
+
+}  // namespace autotp

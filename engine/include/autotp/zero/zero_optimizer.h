@@ -1,0 +1,89 @@
+// ZeroOptimizer: ZeRO stages 0-3 over the data-parallel group, on this rank's
+// tensor-parallel shards. The shards are views into one flat buffer per rank
+// (padded to a multiple of the dp size), so a ZeRO partition is one contiguous
+// range of it and every reduction is a single collective:
+//   stage 0: gradients all-reduced; optimizer states for the whole buffer
+//   stage 1: gradients all-reduced; fp32 master weights and optimizer states for
+//            this rank's partition only; updated partitions all-gathered
+//   stage 2: gradients reduce-scattered, only the partition is kept after the step
+//   stage 3: parameters partitioned too: gathered before the forward, released
+//            after the backward (whole model at once, not yet layer by layer)
+// Gradients of kv slices shared by several tp ranks are summed over them first;
+// the global gradient norm counts every logical element once (TpPlan ownership
+// across tp, partitions across dp). Not thread safe.
+#pragma once
+#include <torch/torch.h>
+
+#include "autotp/comm/topology.h"
+#include "autotp/model/causal_lm.h"
+#include "autotp/optim/optimizer.h"
+#include "autotp/runtime/train_config.h"
+
+namespace autotp {
+
+// Persistent per-rank bytes of model states.
+struct ModelStateBytes {
+  int64_t params = 0;          // model-dtype parameters held between steps
+  int64_t grads = 0;           // gradient buffers held between steps
+  int64_t master_weights = 0;  // fp32 master copy (mixed precision only)
+  int64_t optimizer_states = 0;
+  int64_t total() const { return params + grads + master_weights + optimizer_states; }
+  nlohmann::json to_json() const;
+};
+
+struct StepOutcome {
+  double grad_norm = 0;   // before clipping, unscaled
+  bool skipped = false;   // fp16 overflow: no update happened
+  double loss_scale = 1;  // scale used for this step's backward
+};
+
+class ZeroOptimizer {
+ public:
+  ZeroOptimizer(CausalLM& model, Topology& topology, const TrainConfig& config);
+
+  // Before the first forward of a step: zeroes gradients (and gathers parameters at stage 3).
+  void begin_step();
+  // The factor the loss must be multiplied by before backward (fp16 loss scale, else 1).
+  double loss_scale() const { return loss_scale_; }
+  // After each micro-batch's backward (low-precision grads move into the fp32 accumulator).
+  void after_backward();
+  // Reduces, clips, updates and redistributes; returns the step's gradient norm.
+  StepOutcome step(double lr);
+
+  ModelStateBytes model_state_bytes() const;
+  // The same numbers from the formula of docs/memory.md (no buffers consulted).
+  static ModelStateBytes analytic_bytes(int64_t local_numel, int dp_size, int stage, torch::ScalarType dtype,
+                                        const OptimizerConfig& optimizer);
+  int64_t local_numel() const { return local_numel_; }
+  int64_t padded_numel() const { return padded_; }
+
+ private:
+  void bind_params(const torch::Tensor& flat);
+  void bind_grads(const torch::Tensor& flat);
+  void release_params();
+  void sync_shared_grads(torch::Tensor& flat_fp32);
+  torch::Tensor partition(const torch::Tensor& flat) const;
+
+  CausalLM& model_;
+  Topology& topo_;
+  int stage_;
+  double clip_;
+  Fp16Config fp16_;
+  torch::ScalarType low_;
+  bool mixed_;
+  int64_t local_numel_ = 0, padded_ = 0, part_numel_ = 0, part_offset_ = 0;
+  std::vector<int64_t> offsets_;  // per parameter, into the flat buffer
+  torch::Tensor flat_params_;     // model dtype, padded (absent between steps at stage 3)
+  torch::Tensor param_part_;      // stage 3: this rank's partition of the parameters
+  torch::Tensor flat_grads_;      // model dtype, what autograd accumulates into
+  torch::Tensor grad_accum_;      // fp32 accumulator when the model dtype is not fp32
+  torch::Tensor grad_part_;       // stage 2/3: reduced gradient partition (fp32)
+  torch::Tensor master_;          // fp32 master partition (a view of the params in fp32 training)
+  torch::Tensor owned_mask_;      // fp32, 1 where this tp rank owns the element for norms
+  std::unique_ptr<FlatOptimizer> optimizer_;
+  double loss_scale_ = 1;
+  int64_t good_steps_ = 0;
+  int hysteresis_left_ = 0;
+};
+
+}  // namespace autotp

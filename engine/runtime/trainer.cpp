@@ -1,0 +1,117 @@
+#include "autotp/runtime/trainer.h"
+
+#include <sys/resource.h>
+
+#include "autotp/optim/lr_schedule.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+
+namespace autotp {
+
+nlohmann::json StepMetrics::to_json() const {
+  nlohmann::json j = {{"step", step},
+                      {"loss", loss},
+                      {"grad_norm", grad_norm},
+                      {"lr", lr},
+                      {"skipped", skipped},
+                      {"tokens", tokens},
+                      {"step_time_s", step_time_s},
+                      {"tokens_per_s", tokens_per_s},
+                      {"memory", {{"model_states", model_states.to_json()},
+                                  {"model_states_analytic", model_states_analytic.to_json()},
+                                  {"peak_rss_bytes", peak_rss_bytes}}}};
+  if (loss_scale != 1) j["loss_scale"] = loss_scale;
+  return j;
+}
+
+torch::ScalarType training_dtype(const TrainConfig& config) {
+  if (config.bf16) return torch::kBFloat16;
+  if (config.fp16.enabled) return torch::kFloat16;
+  return torch::kFloat32;
+}
+
+Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::unique_ptr<CausalLM> model,
+                 std::shared_ptr<Dataset> data, bool shuffle)
+    : config_(std::move(config)), topology_(std::move(topology)), model_(std::move(model)), data_(std::move(data)) {
+  AUTOTP_USER_CHECK(!config_.activation_checkpointing.enabled,
+                    "activation_checkpointing.enabled is not implemented yet (allowed: false)");
+  if (data_)
+    sampler_ = std::make_unique<DistributedSampler>(data_->size(), config_.train_micro_batch_size_per_gpu,
+                                                    config_.gradient_accumulation_steps, topology_->dp_size(),
+                                                    topology_->dp_rank(), config_.seed, shuffle);
+  optimizer_ = std::make_unique<ZeroOptimizer>(*model_, *topology_, config_);
+}
+
+void Trainer::check_tp_consistency(const std::vector<Batch>& micro_batches) {
+  if (topology_->tp_size() == 1) return;
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& b : micro_batches) h = (h ^ batch_hash(b)) * 1099511628211ull;
+  auto signed_hash = static_cast<int64_t>(h >> 1);  // keep it positive so -h cannot overflow
+  auto both = torch::tensor({signed_hash, -signed_hash}, torch::kLong);
+  topology_->tp().all_reduce(both, ReduceOp::kMax);
+  if (both[0].item<int64_t>() != signed_hash || -both[1].item<int64_t>() != signed_hash)
+    throw std::runtime_error(fmt::format("data differs within tensor-parallel group at step {} (dp rank {})",
+                                         steps_done_ + 1, topology_->dp_rank()));
+}
+
+StepMetrics Trainer::train_step() {
+  TORCH_CHECK(sampler_, "Trainer::train_step: no dataset was given");
+  std::vector<Batch> micro_batches;
+  for (const auto& indices : sampler_->next_step()) micro_batches.push_back(collate(*data_, indices));
+  return train_step(micro_batches);
+}
+
+StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
+  auto start = std::chrono::steady_clock::now();
+  TORCH_CHECK(static_cast<int64_t>(micro_batches.size()) == config_.gradient_accumulation_steps,
+              "Trainer::train_step: expected ", config_.gradient_accumulation_steps, " micro-batches, got ",
+              micro_batches.size());
+  check_tp_consistency(micro_batches);
+  // Target tokens of the whole global batch: every micro-batch's loss is a share of the global mean.
+  int64_t local_tokens = 0;
+  for (const auto& b : micro_batches) local_tokens += (b.labels != kIgnoreLabel).sum().item<int64_t>();
+  auto tokens = torch::tensor({static_cast<double>(local_tokens), 0.0}, torch::kFloat64);
+  topology_->dp().all_reduce(tokens);
+  const double total_tokens = tokens[0].item<double>();
+  AUTOTP_USER_CHECK(total_tokens > 0, "step {}: the global batch has no target tokens (every label is masked)",
+                    steps_done_ + 1);
+
+  optimizer_->begin_step();
+  const double scale = optimizer_->loss_scale();
+  double loss_sum = 0;
+  for (const auto& b : micro_batches) {
+    auto losses = model_->token_losses(b.input_ids, b.labels);
+    auto sum = losses.sum();
+    loss_sum += sum.item<double>();
+    (sum * (scale / total_tokens)).backward();
+    optimizer_->after_backward();
+  }
+  // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
+  const double lr = learning_rate(config_.scheduler, config_.optimizer.lr, applied_steps_);
+  StepOutcome outcome = optimizer_->step(lr);
+  if (!outcome.skipped) ++applied_steps_;
+  auto loss = torch::tensor({loss_sum}, torch::kFloat64);
+  topology_->dp().all_reduce(loss);
+  ++steps_done_;
+
+  StepMetrics m;
+  m.step = steps_done_;
+  m.loss = loss.item<double>() / total_tokens;
+  m.grad_norm = outcome.grad_norm;
+  m.lr = lr;
+  m.loss_scale = config_.fp16.enabled ? outcome.loss_scale : 1;
+  m.skipped = outcome.skipped;
+  m.tokens = static_cast<int64_t>(total_tokens);
+  m.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.tokens_per_s = total_tokens / m.step_time_s;
+  m.model_states = optimizer_->model_state_bytes();
+  m.model_states_analytic =
+      ZeroOptimizer::analytic_bytes(optimizer_->local_numel(), topology_->dp_size(), config_.zero.stage,
+                                    model_->dtype(), config_.optimizer);
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  m.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  return m;
+}
+
+}  // namespace autotp

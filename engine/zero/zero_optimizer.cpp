@@ -1,0 +1,240 @@
+#include "autotp/zero/zero_optimizer.h"
+
+#include <cmath>
+
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+
+namespace autotp {
+
+nlohmann::json ModelStateBytes::to_json() const {
+  return {{"params", params},
+          {"grads", grads},
+          {"master_weights", master_weights},
+          {"optimizer_states", optimizer_states},
+          {"total", total()}};
+}
+
+namespace {
+int64_t optimizer_state_count(const OptimizerConfig& o) {
+  if (o.type == "SGD") return o.momentum != 0 ? 1 : 0;
+  return 2;
+}
+}  // namespace
+
+ModelStateBytes ZeroOptimizer::analytic_bytes(int64_t local_numel, int dp, int stage, torch::ScalarType dtype,
+                                              const OptimizerConfig& optimizer) {
+  const int64_t padded = (local_numel + dp - 1) / dp * dp;
+  const int64_t part = stage == 0 ? padded : padded / dp;
+  const int64_t low = static_cast<int64_t>(c10::elementSize(dtype));
+  const bool mixed = dtype != torch::kFloat32;
+  ModelStateBytes b;
+  b.params = (stage == 3 ? part : padded) * low;
+  if (stage <= 1)
+    b.grads = padded * low + (mixed ? padded * 4 : 0);
+  else
+    b.grads = part * 4;
+  b.master_weights = mixed ? part * 4 : 0;
+  b.optimizer_states = optimizer_state_count(optimizer) * part * 4;
+  return b;
+}
+
+ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainConfig& config)
+    : model_(model),
+      topo_(topology),
+      stage_(config.zero.stage),
+      clip_(config.gradient_clipping),
+      fp16_(config.fp16),
+      low_(model.dtype()),
+      mixed_(model.dtype() != torch::kFloat32) {
+  torch::NoGradGuard no_grad;
+  const int dp = topo_.dp_size();
+  for (auto& p : model_.parameters()) {
+    offsets_.push_back(local_numel_);
+    local_numel_ += p.tensor.numel();
+  }
+  padded_ = (local_numel_ + dp - 1) / dp * dp;
+  part_numel_ = stage_ == 0 ? padded_ : padded_ / dp;
+  part_offset_ = stage_ == 0 ? 0 : part_numel_ * topo_.dp_rank();
+
+  auto flat = torch::zeros({padded_}, torch::TensorOptions().dtype(low_));
+  owned_mask_ = torch::zeros({padded_}, torch::kFloat32);
+  for (size_t i = 0; i < model_.parameters().size(); ++i) {
+    auto& p = model_.parameters()[i];
+    flat.narrow(0, offsets_[i], p.tensor.numel()).copy_(p.tensor.reshape({-1}));
+    auto mask = owned_mask_.narrow(0, offsets_[i], p.tensor.numel()).view(p.tensor.sizes());
+    const ShardSpec& spec = p.spec();
+    for (const auto& seg : spec.owned_local(topo_.tp_rank())) {
+      if (spec.is_replicated())
+        mask.fill_(1);
+      else
+        mask.narrow(spec.dim(), seg.start, seg.length).fill_(1);
+    }
+  }
+  if (stage_ == 0 && topo_.dp_rank() != 0) owned_mask_.zero_();  // stage 0: dp replicas count once
+  bind_params(flat);
+  if (stage_ == 3) {
+    param_part_ = partition(flat).clone();
+    master_ = mixed_ ? param_part_.to(torch::kFloat32) : param_part_;
+  } else if (mixed_) {
+    master_ = partition(flat_params_).to(torch::kFloat32);
+  } else {
+    master_ = partition(flat_params_);
+  }
+  optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, part_numel_);
+  if (fp16_.enabled) {
+    loss_scale_ = fp16_.loss_scale > 0 ? fp16_.loss_scale : std::pow(2.0, fp16_.initial_scale_power);
+    hysteresis_left_ = fp16_.hysteresis;
+  }
+  if (stage_ == 3) release_params();
+}
+
+torch::Tensor ZeroOptimizer::partition(const torch::Tensor& flat) const {
+  return flat.narrow(0, part_offset_, part_numel_);
+}
+
+void ZeroOptimizer::bind_params(const torch::Tensor& flat) {
+  flat_params_ = flat;
+  for (size_t i = 0; i < model_.parameters().size(); ++i) {
+    auto& p = model_.parameters()[i];
+    auto shape = p.spec().local_shape(topo_.tp_rank());
+    p.tensor.set_data(flat.narrow(0, offsets_[i], p.tensor.numel() > 0 ? p.tensor.numel() : 0).view(shape));
+  }
+}
+
+void ZeroOptimizer::release_params() {
+  // Stage 3: the parameters keep their identity (autograd) but lose their storage.
+  for (auto& p : model_.parameters()) p.tensor.set_data(torch::empty({0}, torch::TensorOptions().dtype(low_)));
+  flat_params_ = torch::Tensor();
+}
+
+void ZeroOptimizer::bind_grads(const torch::Tensor& flat) {
+  flat_grads_ = flat;
+  for (size_t i = 0; i < model_.parameters().size(); ++i) {
+    auto& p = model_.parameters()[i];
+    p.tensor.mutable_grad() = flat.narrow(0, offsets_[i], p.tensor.numel()).view(p.tensor.sizes());
+  }
+}
+
+void ZeroOptimizer::begin_step() {
+  torch::NoGradGuard no_grad;
+  if (stage_ == 3) {
+    auto full = topo_.dp().all_gather(param_part_, 0);
+    // Re-bind with the original element counts (the released tensors are empty).
+    flat_params_ = full;
+    int64_t i = 0;
+    for (auto& p : model_.parameters()) {
+      auto shape = p.spec().local_shape(topo_.tp_rank());
+      int64_t n = p.spec().local_numel(topo_.tp_rank());
+      p.tensor.set_data(full.narrow(0, offsets_[i++], n).view(shape));
+    }
+  }
+  if (!flat_grads_.defined())
+    bind_grads(torch::zeros({padded_}, torch::TensorOptions().dtype(low_)));
+  else
+    flat_grads_.zero_();
+  if (mixed_) {
+    if (!grad_accum_.defined())
+      grad_accum_ = torch::zeros({padded_}, torch::kFloat32);
+    else
+      grad_accum_.zero_();
+  }
+}
+
+void ZeroOptimizer::after_backward() {
+  if (!mixed_) return;  // fp32 gradients accumulate in place
+  torch::NoGradGuard no_grad;
+  grad_accum_.add_(flat_grads_.to(torch::kFloat32));
+  flat_grads_.zero_();
+}
+
+void ZeroOptimizer::sync_shared_grads(torch::Tensor& flat) {
+  for (size_t i = 0; i < model_.parameters().size(); ++i) {
+    auto& p = model_.parameters()[i];
+    const ShardSpec& spec = p.spec();
+    if (spec.is_replicated() || !spec.has_overlap()) continue;
+    auto local = flat.narrow(0, offsets_[i], spec.local_numel(topo_.tp_rank())).view(spec.local_shape(topo_.tp_rank()));
+    auto full = torch::zeros(spec.global_shape(), torch::kFloat32);
+    spec.place(full, local, topo_.tp_rank(), /*accumulate=*/true);
+    topo_.tp().all_reduce(full);
+    local.copy_(spec.slice(full, topo_.tp_rank()));
+  }
+}
+
+StepOutcome ZeroOptimizer::step(double lr) {
+  torch::NoGradGuard no_grad;
+  StepOutcome outcome;
+  outcome.loss_scale = loss_scale_;
+  torch::Tensor acc = mixed_ ? grad_accum_ : flat_grads_;
+  sync_shared_grads(acc);
+  torch::Tensor grads;
+  if (stage_ <= 1) {
+    topo_.dp().all_reduce(acc);
+    grads = partition(acc);
+  } else {
+    grad_part_ = topo_.dp().reduce_scatter(acc);
+    grads = grad_part_;
+  }
+  if (loss_scale_ != 1) grads.div_(loss_scale_);
+  auto sumsq = (grads.to(torch::kFloat64).pow(2) * partition(owned_mask_)).sum().reshape({1});
+  topo_.world().all_reduce(sumsq);
+  double norm = std::sqrt(sumsq.item<double>());
+  outcome.grad_norm = norm;
+
+  bool overflow = !std::isfinite(norm);
+  if (fp16_.enabled && fp16_.loss_scale == 0) {
+    // Dynamic loss scaling (DeepSpeed's rules): halve on overflow after `hysteresis`
+    // overflows, double after loss_scale_window clean steps.
+    if (overflow) {
+      if (--hysteresis_left_ <= 0) {
+        loss_scale_ = std::max(loss_scale_ / 2, fp16_.min_loss_scale);
+        hysteresis_left_ = fp16_.hysteresis;
+      }
+      good_steps_ = 0;
+    } else if (++good_steps_ % fp16_.loss_scale_window == 0) {
+      loss_scale_ *= 2;
+      hysteresis_left_ = fp16_.hysteresis;
+    }
+  }
+  if (overflow && fp16_.enabled) {
+    outcome.skipped = true;
+  } else {
+    if (clip_ > 0) {
+      double coef = clip_ / (norm + 1e-6);
+      if (coef < 1) grads.mul_(coef);
+    }
+    optimizer_->step(master_, grads, lr);
+  }
+
+  // Redistribute the updated parameters.
+  if (stage_ == 3) {
+    if (mixed_) param_part_.copy_(master_);
+    release_params();
+    flat_grads_ = torch::Tensor();
+    for (auto& p : model_.parameters()) p.tensor.mutable_grad() = torch::Tensor();
+  } else {
+    if (mixed_) partition(flat_params_).copy_(master_);
+    if (stage_ >= 1 && topo_.dp_size() > 1) flat_params_.copy_(topo_.dp().all_gather(partition(flat_params_), 0));
+    if (stage_ == 2) {
+      // Only the reduced partition survives the step; the full buffer is rebuilt next step.
+      flat_grads_ = torch::Tensor();
+      for (auto& p : model_.parameters()) p.tensor.mutable_grad() = torch::Tensor();
+    }
+  }
+  if (mixed_ && stage_ >= 2) grad_accum_ = torch::Tensor();
+  return outcome;
+}
+
+ModelStateBytes ZeroOptimizer::model_state_bytes() const {
+  auto bytes = [](const torch::Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
+  };
+  ModelStateBytes b;
+  b.params = stage_ == 3 ? bytes(param_part_) : bytes(flat_params_);
+  b.grads = stage_ <= 1 ? bytes(flat_grads_) + bytes(grad_accum_) : bytes(grad_part_);
+  b.master_weights = mixed_ ? bytes(master_) : 0;
+  b.optimizer_states = optimizer_->state_bytes();
+  return b;
+}
+
+}  // namespace autotp

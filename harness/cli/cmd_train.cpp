@@ -1,0 +1,122 @@
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include "autotp/data/dataset.h"
+#include "autotp/io/safetensors.h"
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+#include "autotp/runtime/trainer.h"
+#include "cli/cli.h"
+
+namespace autotp::cli {
+
+namespace {
+
+std::string format_duration(double seconds) {
+  int s = static_cast<int>(std::lround(seconds));
+  return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02d}s", s / 60, s % 60);
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  struct Args {
+    std::string config, model, data, metrics, bin_dtype = "uint16";
+    int64_t steps = 10, seq_len = 0;
+    bool no_shuffle = false;
+    std::optional<uint64_t> seed;
+    WorldOptions world;
+  };
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("train", "Train a model with AutoTP + ZeRO from a DeepSpeed-style JSON config");
+  cmd->add_option("--config", args->config, "DeepSpeed-style JSON config (see docs/config.md)")->required();
+  cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
+  cmd->add_option("--data", args->data, "Training data: .txt, .jsonl, .json token arrays or .bin (see docs/data.md)")
+      ->required();
+  cmd->add_option("--steps", args->steps, "Optimizer steps to run (default 10)")->check(CLI::PositiveNumber);
+  cmd->add_option("--seq-len", args->seq_len, "Tokens per example (required except for .json token arrays)");
+  cmd->add_flag("--no-shuffle", args->no_shuffle, "Keep file order: step k trains on examples [k*GBS, (k+1)*GBS)");
+  cmd->add_option("--metrics", args->metrics, "Write one JSON line per optimizer step here (rank 0)");
+  cmd->add_option("--seed", args->seed, "Seed (overrides the config's seed; also seeds preset weights)");
+  cmd->add_option("--bin-dtype", args->bin_dtype, "Token type of .bin data: uint16 or uint32 (default uint16)")
+      ->check(CLI::IsMember({"uint16", "uint32"}));
+  add_world_options(*cmd, args->world);
+  cmd->callback([args] {
+    int launched = maybe_launch(args->world);
+    if (launched > 0) exit_with(launched);
+    if (launched == 0) return;
+    // Everything that can be checked without the others is checked before the rendezvous.
+    auto config = TrainConfig::from_file(args->config);
+    if (args->seed) config.seed = *args->seed;
+    DistEnv env = DistEnv::from_environment();
+    config.resolve_batch(env.world_size);
+    auto source = resolve_model(args->model);
+    TpPlanOptions plan_options;
+    plan_options.tp_size = config.tensor_parallel.autotp_size;
+    plan_options.layer_specs = config.tensor_parallel.layer_specs;
+    auto plan = TpPlan::build(source.config, plan_options);
+    DataOptions data_options;
+    data_options.seq_len = args->seq_len;
+    data_options.vocab_size = source.config.vocab_size;
+    data_options.bin_dtype = args->bin_dtype;
+    std::shared_ptr<Dataset> data = open_dataset(args->data, data_options);
+
+    auto topology = join_world(args->world, config.tensor_parallel.autotp_size);
+    torch::manual_seed(config.seed);
+    auto model = load_model(source, plan, topology->tp(), training_dtype(config), config.seed);
+    log().info("model {} ({}), data {}", source.label, source.config.architecture, data->describe());
+    log().info("layout: world {} = dp {} x tp {}, ZeRO stage {}, micro-batch {}, gradient accumulation {}, global batch {}",
+               topology->world_size(), topology->dp_size(), topology->tp_size(), config.zero.stage,
+               config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
+    Trainer trainer(config, topology, std::move(model), data, !args->no_shuffle);
+
+    std::ofstream metrics;
+    if (topology->rank() == 0 && !args->metrics.empty()) {
+      metrics.open(args->metrics);
+      AUTOTP_USER_CHECK(metrics.good(), "--metrics {}: cannot open for writing", args->metrics);
+    }
+    const bool tty = isatty(STDERR_FILENO);
+    double elapsed = 0;
+    for (int64_t s = 0; s < args->steps; ++s) {
+      StepMetrics m = trainer.train_step();
+      elapsed += m.step_time_s;
+      // Every rank's memory goes into rank 0's line.
+      auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
+                                 m.model_states.optimizer_states, m.peak_rss_bytes},
+                                torch::kLong);
+      auto all = topology->world().all_gather(mine.view({1, -1}), 0);
+      if (topology->rank() != 0) continue;
+      nlohmann::json line = m.to_json();
+      line["layout"] = {{"tp", topology->tp_size()}, {"dp", topology->dp_size()}, {"zero_stage", config.zero.stage},
+                        {"world", topology->world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())}};
+      nlohmann::json ranks = nlohmann::json::array();
+      for (int r = 0; r < topology->world_size(); ++r) {
+        auto row = all[r];
+        ranks.push_back({{"rank", r},
+                         {"params", row[0].item<int64_t>()},
+                         {"grads", row[1].item<int64_t>()},
+                         {"master_weights", row[2].item<int64_t>()},
+                         {"optimizer_states", row[3].item<int64_t>()},
+                         {"peak_rss_bytes", row[4].item<int64_t>()}});
+      }
+      line["memory"]["ranks"] = ranks;
+      if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;
+      double eta = elapsed / (s + 1) * (args->steps - s - 1);
+      std::string progress = fmt::format("step {}/{} loss {:.4f} grad_norm {:.3f} lr {:.3g} {:.0f} tok/s ETA {}",
+                                         m.step, args->steps, m.loss, m.grad_norm, m.lr, m.tokens_per_s,
+                                         format_duration(eta));
+      if (tty)
+        std::cerr << "\r" << progress << "\033[K" << (s + 1 == args->steps ? "\n" : "") << std::flush;
+      else
+        std::cerr << progress << "\n";
+    }
+    topology->world().barrier();  // rank 0 hosts the store: leave together
+  });
+}
+
+}  // namespace autotp::cli
