@@ -17,7 +17,8 @@ using nlohmann::json;
 constexpr int kSteps = 5;
 constexpr int64_t kSeq = 12;
 
-json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::string& optimizer) {
+json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::string& optimizer,
+                  bool checkpointing = false) {
   // eps 1e-6: Adam then damps elements whose gradient is at roundoff level instead of
   // turning their noise into full-size steps (which no two summation orders agree on).
   json params = {{"lr", 5e-4}, {"weight_decay", 0.1}};
@@ -27,7 +28,8 @@ json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::stri
           {"optimizer", {{"type", optimizer}, {"params", params}}},
           {"gradient_clipping", 1.0},  // below the grad norms here, so clipping is active every step
           {"zero_optimization", {{"stage", stage}}},
-          {"tensor_parallel", {{"autotp_size", tp}}}};
+          {"tensor_parallel", {{"autotp_size", tp}}},
+          {"activation_checkpointing", {{"enabled", checkpointing}}}};
 }
 
 Batch rows_to_batch(const torch::Tensor& rows) {
@@ -41,13 +43,14 @@ AUTOTP_WORKER(train_parity) {
   const int tp = std::stoi(ctx.args.at(1)), stage = std::stoi(ctx.args.at(2));
   const int64_t gas = std::stoll(ctx.args.at(3));
   const std::string optimizer = ctx.args.at(4);
+  const bool checkpointing = ctx.args.at(5) == "1";
   const int64_t micro = 2;
   auto topo = ctx.topology(tp);
   const int dp = topo->dp_size();
   const int64_t global = micro * gas * dp;
 
   auto source = resolve_model(dir);
-  auto config = TrainConfig::from_json(train_config(tp, stage, micro, gas, optimizer), "test");
+  auto config = TrainConfig::from_json(train_config(tp, stage, micro, gas, optimizer, checkpointing), "test");
   config.resolve_batch(topo->world_size());
   TpPlanOptions plan_options;
   plan_options.tp_size = tp;
@@ -110,12 +113,13 @@ struct TrainCase {
   int world, tp, stage;
   int64_t gas;
   std::string optimizer = "AdamW";
+  bool checkpointing = false;
   std::string name() const {
     std::string p = preset;
     for (auto& ch : p)
       if (ch == '-') ch = '_';
     return p + "_w" + std::to_string(world) + "_tp" + std::to_string(tp) + "_z" + std::to_string(stage) + "_gas" +
-           std::to_string(gas) + "_" + optimizer;
+           std::to_string(gas) + "_" + optimizer + (checkpointing ? "_ckpt" : "");
   }
 };
 void PrintTo(const TrainCase& c, std::ostream* os) { *os << c.name(); }
@@ -128,7 +132,8 @@ TEST_P(TrainParity, LossesAndWeightsMatchSingleRank) {
   std::string dir =
       test::write_model_dir(test::make_temp_dir("train"), config, test::reference_random_weights(config, 21));
   auto result = test::run_workers("train_parity", c.world,
-                                  {dir, std::to_string(c.tp), std::to_string(c.stage), std::to_string(c.gas), c.optimizer});
+                                  {dir, std::to_string(c.tp), std::to_string(c.stage), std::to_string(c.gas), c.optimizer,
+                                   c.checkpointing ? "1" : "0"});
   ASSERT_EQ(result.exit_code, 0) << result.summary;
 }
 
@@ -144,6 +149,8 @@ std::vector<TrainCase> train_cases() {
   cases.push_back({"llama-tiny", 2, 2, 0, 1, "SGD"});
   cases.push_back({"llama-tiny", 4, 1, 1, 1, "SGD"});
   cases.push_back({"llama-tiny", 4, 2, 1, 1, "Adam"});
+  cases.push_back({"llama-tiny", 4, 2, 3, 2, "AdamW", true});
+  cases.push_back({"gpt2-tiny", 2, 2, 0, 1, "AdamW", true});
   return cases;
 }
 

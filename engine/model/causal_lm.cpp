@@ -46,7 +46,42 @@ torch::Tensor gelu_new(const torch::Tensor& x) {
 
 bool is_split(const PlanEntry& e) { return e.role != TpRole::kReplicated; }
 
+using LayerFn = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// Activation checkpointing: the forward keeps only the layer input; the backward
+// recomputes the layer with autograd on (re-running its tp collectives in the
+// same order on every rank) and back-propagates through the recomputation,
+// which accumulates the parameter gradients.
+class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, LayerFn* fn) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    return (*fn)(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* fn = reinterpret_cast<LayerFn*>(ctx->saved_data["fn"].toInt());
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode enable(true);
+      y = (*fn)(x);
+    }
+    torch::autograd::backward({y}, {grad_outputs[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor CausalLM::run_layer(int64_t layer, const torch::Tensor& x, LayerFn fn) {
+  bool checkpoint = layer < static_cast<int64_t>(checkpoint_layers_.size()) && checkpoint_layers_[layer] &&
+                    torch::GradMode::is_enabled();
+  if (!checkpoint) return fn(x);
+  checkpoint_fns_.push_back(std::make_unique<LayerFn>(std::move(fn)));
+  return CheckpointedLayer::apply(x, checkpoint_fns_.back().get());
+}
 
 LocalHeads local_heads(const ModelConfig& c, const ShardSpec& q_spec, int tp_rank) {
   LocalHeads h;
@@ -269,10 +304,12 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids) {
   const int64_t T = input_ids.size(1);
   AUTOTP_USER_CHECK(T <= config_.max_positions, "sequence length {} exceeds the model's {} positions", T,
                     config_.max_positions);
+  checkpoint_fns_.clear();  // the previous step's backward is done
   auto x = embed(input_ids);
   if (config_.family == ModelFamily::kGpt2) {
     x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, torch::kLong)).unsqueeze(0);
-    for (int64_t l = 0; l < config_.num_layers; ++l) x = gpt2_layer(l, x);
+    for (int64_t l = 0; l < config_.num_layers; ++l)
+      x = run_layer(l, x, [this, l](const torch::Tensor& in) { return gpt2_layer(l, in); });
     const int64_t H = x.size(-1);
     return F::layer_norm(x, F::LayerNormFuncOptions({H})
                                 .weight(tensor("transformer.ln_f.weight"))
@@ -287,7 +324,8 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids) {
   auto freqs = torch::matmul(inv_freq.view({-1, 1}), positions.view({1, -1})).t();  // [T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos().to(dtype_).view({1, 1, T, D}), sin = emb.sin().to(dtype_).view({1, 1, T, D});
-  for (int64_t l = 0; l < config_.num_layers; ++l) x = llama_layer(l, x, cos, sin);
+  for (int64_t l = 0; l < config_.num_layers; ++l)
+    x = run_layer(l, x, [this, l, cos, sin](const torch::Tensor& in) { return llama_layer(l, in, cos, sin); });
   return rms_norm(x, tensor("model.norm.weight"), config_.norm_eps);
 }
 

@@ -33,8 +33,16 @@ torch::ScalarType training_dtype(const TrainConfig& config) {
 Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::unique_ptr<CausalLM> model,
                  std::shared_ptr<Dataset> data, bool shuffle)
     : config_(std::move(config)), topology_(std::move(topology)), model_(std::move(model)), data_(std::move(data)) {
-  AUTOTP_USER_CHECK(!config_.activation_checkpointing.enabled,
-                    "activation_checkpointing.enabled is not implemented yet (allowed: false)");
+  if (config_.activation_checkpointing.enabled) {
+    const int64_t layers = model_->config().num_layers;
+    std::vector<bool> per_layer(layers, config_.activation_checkpointing.layers.empty());
+    for (int64_t l : config_.activation_checkpointing.layers) {
+      AUTOTP_USER_CHECK(l >= 0 && l < layers, "activation_checkpointing.layers: layer {} does not exist (allowed: 0..{})",
+                        l, layers - 1);
+      per_layer[l] = true;
+    }
+    model_->set_activation_checkpointing(per_layer);
+  }
   if (data_)
     sampler_ = std::make_unique<DistributedSampler>(data_->size(), config_.train_micro_batch_size_per_gpu,
                                                     config_.gradient_accumulation_steps, topology_->dp_size(),

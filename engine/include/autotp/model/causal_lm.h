@@ -7,6 +7,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,10 @@ class CausalLM {
   // Full logits [batch, seq, vocab], gathered over the tp group (for output only).
   torch::Tensor full_logits(const torch::Tensor& input_ids);
 
+  // Recompute these layers in the backward instead of keeping their activations
+  // (only each layer's input is kept). Empty = none.
+  void set_activation_checkpointing(std::vector<bool> per_layer) { checkpoint_layers_ = std::move(per_layer); }
+
   // The whole (logical) tensor of a parameter, gathered over the tp group; every rank gets it.
   torch::Tensor gather(const Parameter& p);
   // Gradient of the whole tensor; call sync_shared_grads() first.
@@ -80,6 +85,7 @@ class CausalLM {
   torch::Tensor lm_head_logits(const torch::Tensor& hidden);
   const Parameter* find(const std::string& name) const;
   torch::Tensor tensor(const std::string& name) const;
+  torch::Tensor run_layer(int64_t layer, const torch::Tensor& x, std::function<torch::Tensor(const torch::Tensor&)> fn);
 
   ModelConfig config_;
   TpPlan plan_;
@@ -87,6 +93,9 @@ class CausalLM {
   torch::ScalarType dtype_;
   std::vector<Parameter> params_;
   std::map<std::string, size_t> index_;
+  std::vector<bool> checkpoint_layers_;
+  // Closures of checkpointed layers of the current forward, alive until its backward.
+  std::vector<std::unique_ptr<std::function<torch::Tensor(const torch::Tensor&)>>> checkpoint_fns_;
 };
 
 // Local query-head range [first, first + count) of rank `tp_rank` for a q
