@@ -17,6 +17,7 @@ nlohmann::json StepMetrics::to_json() const {
                       {"tokens", tokens},
                       {"step_time_s", step_time_s},
                       {"tokens_per_s", tokens_per_s},
+                      {"time_breakdown", {{"forward_backward_s", forward_backward_s}, {"optimizer_s", optimizer_s}}},
                       {"memory", {{"model_states", model_states.to_json()},
                                   {"model_states_analytic", model_states_analytic.to_json()},
                                   {"peak_rss_bytes", peak_rss_bytes}}}};
@@ -94,6 +95,7 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
     (sum * (scale / total_tokens)).backward();
     optimizer_->after_backward();
   }
+  auto backward_done = std::chrono::steady_clock::now();
   // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
   const double lr = learning_rate(config_.scheduler, config_.optimizer.lr, applied_steps_);
   StepOutcome outcome = optimizer_->step(lr);
@@ -112,6 +114,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.tokens = static_cast<int64_t>(total_tokens);
   m.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_s = total_tokens / m.step_time_s;
+  m.forward_backward_s = std::chrono::duration<double>(backward_done - start).count();
+  m.optimizer_s = m.step_time_s - m.forward_backward_s;
   m.model_states = optimizer_->model_state_bytes();
   m.model_states_analytic =
       ZeroOptimizer::analytic_bytes(optimizer_->local_numel(), topology_->dp_size(), config_.zero.stage,

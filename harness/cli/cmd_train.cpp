@@ -110,9 +110,12 @@ void register_train(CLI::App& app) {
       std::string progress = fmt::format("step {}/{} loss {:.4f} grad_norm {:.3f} lr {:.3g} {:.0f} tok/s ETA {}",
                                          m.step, args->steps, m.loss, m.grad_norm, m.lr, m.tokens_per_s,
                                          format_duration(eta));
+      if (config.wall_clock_breakdown)
+        progress += fmt::format(" (forward+backward {:.3f}s, optimizer {:.3f}s)", m.forward_backward_s, m.optimizer_s);
+      const bool last = s + 1 == args->steps;
       if (tty)
-        std::cerr << "\r" << progress << "\033[K" << (s + 1 == args->steps ? "\n" : "") << std::flush;
-      else
+        std::cerr << "\r" << progress << "\033[K" << (last ? "\n" : "") << std::flush;
+      else if (m.step == 1 || last || m.step % config.steps_per_print == 0)
         std::cerr << progress << "\n";
     }
     topology->world().barrier();  // rank 0 hosts the store: leave together

@@ -30,6 +30,8 @@ struct StepMetrics {
   int64_t tokens = 0;          // target tokens in the global batch
   double step_time_s = 0;
   double tokens_per_s = 0;
+  double forward_backward_s = 0;  // data check, forward and backward of every micro-batch
+  double optimizer_s = 0;         // reduction, norm, clipping, update, redistribution
   ModelStateBytes model_states;            // this rank
   ModelStateBytes model_states_analytic;   // the formula for this rank
   int64_t peak_rss_bytes = 0;              // this rank's peak resident set so far
