@@ -82,6 +82,10 @@ AUTOTP_WORKER(train_parity) {
     // Model states are exactly the formula of the layout.
     WORKER_CHECK(got.model_states.total() == got.model_states_analytic.total(), "model-state bytes ",
                  got.model_states.to_json().dump(), " vs formula ", got.model_states_analytic.to_json().dump());
+    // The counting allocator sees at least the model states, and activations come and go within the step.
+    WORKER_CHECK(got.allocated_bytes >= got.model_states.total(), "allocated ", got.allocated_bytes, " < model states ",
+                 got.model_states.total());
+    WORKER_CHECK(got.activations_peak_bytes > 0, "no activation peak measured");
     if (topo->rank() == 0)
       std::fprintf(stderr, "step %d: loss %.6f (rel diff %.2g), grad norm %.5f (rel diff %.2g)\n", step + 1,
                    got.loss, loss_rel, got.grad_norm, norm_rel);

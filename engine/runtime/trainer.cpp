@@ -5,6 +5,7 @@
 #include "autotp/optim/lr_schedule.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
+#include "autotp/runtime/memory_counter.h"
 
 namespace autotp {
 
@@ -20,7 +21,10 @@ nlohmann::json StepMetrics::to_json() const {
                       {"time_breakdown", {{"forward_backward_s", forward_backward_s}, {"optimizer_s", optimizer_s}}},
                       {"memory", {{"model_states", model_states.to_json()},
                                   {"model_states_analytic", model_states_analytic.to_json()},
-                                  {"peak_rss_bytes", peak_rss_bytes}}}};
+                                  {"peak_rss_bytes", peak_rss_bytes},
+                                  {"allocated_bytes", allocated_bytes},
+                                  {"peak_allocated_bytes", peak_allocated_bytes},
+                                  {"activations_peak_bytes", activations_peak_bytes}}}};
   if (loss_scale != 1) j["loss_scale"] = loss_scale;
   return j;
 }
@@ -72,6 +76,8 @@ StepMetrics Trainer::train_step() {
 
 StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   auto start = std::chrono::steady_clock::now();
+  reset_memory_peak();
+  const int64_t at_start = memory_counts().current;
   TORCH_CHECK(static_cast<int64_t>(micro_batches.size()) == config_.gradient_accumulation_steps,
               "Trainer::train_step: expected ", config_.gradient_accumulation_steps, " micro-batches, got ",
               micro_batches.size());
@@ -123,6 +129,12 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   m.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  if (memory_counter_installed()) {
+    auto counts = memory_counts();
+    m.allocated_bytes = counts.current;
+    m.peak_allocated_bytes = counts.peak;
+    m.activations_peak_bytes = counts.peak - at_start;
+  }
   return m;
 }
 

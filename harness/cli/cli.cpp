@@ -7,6 +7,7 @@
 #include "autotp/comm/dist_env.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
+#include "autotp/runtime/memory_counter.h"
 #include "launcher/launcher.h"
 
 namespace autotp::cli {
@@ -52,6 +53,7 @@ std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size) {
 }
 
 int run(int argc, char** argv) {
+  install_memory_counter();  // before any tensor exists, so every byte is counted
   g_argv.assign(argv, argv + argc);
   CLI::App app{"autotp: automatic tensor parallelism + ZeRO training for HF causal language models"};
   app.require_subcommand(1);

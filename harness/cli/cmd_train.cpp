@@ -87,7 +87,8 @@ void register_train(CLI::App& app) {
       elapsed += m.step_time_s;
       // Every rank's memory goes into rank 0's line.
       auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
-                                 m.model_states.optimizer_states, m.peak_rss_bytes},
+                                 m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
+                                 m.activations_peak_bytes},
                                 torch::kLong);
       auto all = topology->world().all_gather(mine.view({1, -1}), 0);
       if (topology->rank() != 0) continue;
@@ -102,7 +103,9 @@ void register_train(CLI::App& app) {
                          {"grads", row[1].item<int64_t>()},
                          {"master_weights", row[2].item<int64_t>()},
                          {"optimizer_states", row[3].item<int64_t>()},
-                         {"peak_rss_bytes", row[4].item<int64_t>()}});
+                         {"peak_rss_bytes", row[4].item<int64_t>()},
+                         {"peak_allocated_bytes", row[5].item<int64_t>()},
+                         {"activations_peak_bytes", row[6].item<int64_t>()}});
       }
       line["memory"]["ranks"] = ranks;
       if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;

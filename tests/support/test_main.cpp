@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "autotp/runtime/memory_counter.h"
 #include "support/multiprocess.h"
 
 int main(int argc, char** argv) {
+  autotp::install_memory_counter();  // as the CLI does: memory metrics are real in tests too
   if (argc >= 2 && std::string(argv[1]) == "--autotp-worker") {
     if (argc < 3) {
       std::fprintf(stderr, "usage: %s --autotp-worker NAME [ARGS...]\n", argv[0]);

@@ -35,6 +35,10 @@ struct StepMetrics {
   ModelStateBytes model_states;            // this rank
   ModelStateBytes model_states_analytic;   // the formula for this rank
   int64_t peak_rss_bytes = 0;              // this rank's peak resident set so far
+  // From the counting allocator (0 unless install_memory_counter() ran):
+  int64_t allocated_bytes = 0;             // live CPU tensor bytes after the step
+  int64_t peak_allocated_bytes = 0;        // peak during the step (everything: states, activations, buffers)
+  int64_t activations_peak_bytes = 0;      // peak during the step minus what was live at its start
   nlohmann::json to_json() const;
 };
 
