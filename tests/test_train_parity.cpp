@@ -82,6 +82,9 @@ AUTOTP_WORKER(train_parity) {
     // Model states are exactly the formula of the layout.
     WORKER_CHECK(got.model_states.total() == got.model_states_analytic.total(), "model-state bytes ",
                  got.model_states.to_json().dump(), " vs formula ", got.model_states_analytic.to_json().dump());
+    if (stage == 3)  // between steps no rank holds any whole parameter, only its partition
+      for (auto& p : trainer.model().parameters())
+        WORKER_CHECK(p.tensor.numel() == 0, p.name(), " is still gathered after step ", step + 1);
     // The counting allocator sees at least the model states, and activations come and go within the step.
     WORKER_CHECK(got.allocated_bytes >= got.model_states.total(), "allocated ", got.allocated_bytes, " < model states ",
                  got.model_states.total());
@@ -90,7 +93,7 @@ AUTOTP_WORKER(train_parity) {
       std::fprintf(stderr, "step %d: loss %.6f (rel diff %.2g), grad norm %.5f (rel diff %.2g)\n", step + 1,
                    got.loss, loss_rel, got.grad_norm, norm_rel);
   }
-  trainer.optimizer().begin_step();  // stage 3: gather the parameters to compare them
+  trainer.optimizer().gather_all_params();  // stage 3: make the parameters whole to compare them
   double worst = 0;
   std::string worst_name;
   for (auto& p : trainer.model().parameters()) {

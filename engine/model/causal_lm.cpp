@@ -48,27 +48,38 @@ bool is_split(const PlanEntry& e) { return e.role != TpRole::kReplicated; }
 
 using LayerFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
+}  // namespace
+
+struct CheckpointFn {
+  LayerFn run;
+  std::function<void()> after_backward;
+};
+
+namespace {
+
 // Activation checkpointing: the forward keeps only the layer input; the backward
 // recomputes the layer with autograd on (re-running its tp collectives in the
 // same order on every rank) and back-propagates through the recomputation,
-// which accumulates the parameter gradients.
+// which accumulates the parameter gradients. `after_backward` runs once that
+// is done (ZeRO-3 releases the layer's parameters there).
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, LayerFn* fn) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, CheckpointFn* fn) {
     ctx->save_for_backward({x});
     ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
-    return (*fn)(x);
+    return fn->run(x);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto* fn = reinterpret_cast<LayerFn*>(ctx->saved_data["fn"].toInt());
+    auto* fn = reinterpret_cast<CheckpointFn*>(ctx->saved_data["fn"].toInt());
     auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     torch::Tensor y;
     {
       torch::AutoGradMode enable(true);
-      y = (*fn)(x);
+      y = fn->run(x);
     }
     torch::autograd::backward({y}, {grad_outputs[0]});
+    if (fn->after_backward) fn->after_backward();
     return {x.grad(), torch::Tensor()};
   }
 };
@@ -76,10 +87,31 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 }  // namespace
 
 torch::Tensor CausalLM::run_layer(int64_t layer, const torch::Tensor& x, LayerFn fn) {
-  bool checkpoint = layer < static_cast<int64_t>(checkpoint_layers_.size()) && checkpoint_layers_[layer] &&
-                    torch::GradMode::is_enabled();
-  if (!checkpoint) return fn(x);
-  checkpoint_fns_.push_back(std::make_unique<LayerFn>(std::move(fn)));
+  const bool hooked = static_cast<bool>(hooks_.before);
+  const bool checkpoint =
+      hooked || (layer < static_cast<int64_t>(checkpoint_layers_.size()) && checkpoint_layers_[layer]);
+  if (!checkpoint || !torch::GradMode::is_enabled()) {
+    if (hooked) hooks_.before(layer);
+    auto y = fn(x);
+    if (hooked) hooks_.after(layer);
+    return y;
+  }
+  auto entry = std::make_unique<CheckpointFn>();
+  if (hooked) {
+    // The forward (autograd off inside the Function) releases at once; the backward's
+    // recomputation releases after its inner backward has accumulated the gradients.
+    auto hooks = hooks_;
+    entry->run = [fn, hooks, layer](const torch::Tensor& in) {
+      hooks.before(layer);
+      auto y = fn(in);
+      if (!torch::GradMode::is_enabled()) hooks.after(layer);
+      return y;
+    };
+    entry->after_backward = [hooks, layer] { hooks.after(layer); };
+  } else {
+    entry->run = std::move(fn);
+  }
+  checkpoint_fns_.push_back(std::move(entry));
   return CheckpointedLayer::apply(x, checkpoint_fns_.back().get());
 }
 
@@ -110,6 +142,8 @@ CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType 
     params_.push_back(std::move(p));
   }
 }
+
+CausalLM::~CausalLM() = default;
 
 Parameter& CausalLM::parameter(const std::string& name) {
   auto it = index_.find(name);

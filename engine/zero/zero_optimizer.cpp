@@ -1,6 +1,7 @@
 #include "autotp/zero/zero_optimizer.h"
 
 #include <cmath>
+#include <regex>
 
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
@@ -86,7 +87,62 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
     loss_scale_ = fp16_.loss_scale > 0 ? fp16_.loss_scale : std::pow(2.0, fp16_.initial_scale_power);
     hysteresis_left_ = fp16_.hysteresis;
   }
-  if (stage_ == 3) release_params();
+  if (stage_ == 3) {
+    static const std::regex layer_name(R"(\.(layers|h)\.([0-9]+)\.)");
+    layer_params_.assign(model_.config().num_layers, {});
+    for (size_t i = 0; i < model_.parameters().size(); ++i) {
+      std::smatch match;
+      const std::string& name = model_.parameters()[i].name();
+      if (std::regex_search(name, match, layer_name))
+        layer_params_[std::stoll(match[2].str())].push_back(i);
+      else
+        outer_params_.push_back(i);
+    }
+    model_.set_layer_hooks({[this](int64_t l) { gather_layer(l); }, [this](int64_t l) { release_layer(l); }});
+    release_params();
+  }
+}
+
+torch::Tensor ZeroOptimizer::gather_range(int64_t begin, int64_t end) {
+  // Each rank contributes the part of [begin, end) inside its own partition.
+  std::vector<int64_t> sizes;
+  for (int r = 0; r < topo_.dp_size(); ++r) {
+    int64_t lo = std::max(begin, r * part_numel_), hi = std::min(end, (r + 1) * part_numel_);
+    sizes.push_back(std::max<int64_t>(0, hi - lo));
+  }
+  int64_t lo = std::max(begin, part_offset_);
+  auto local = param_part_.narrow(0, std::min(lo - part_offset_, part_numel_), sizes[topo_.dp_rank()]);
+  return topo_.dp().all_gather(local.contiguous(), 0, sizes);
+}
+
+void ZeroOptimizer::gather_layer(int64_t layer) {
+  torch::NoGradGuard no_grad;
+  const auto& members = layer_params_.at(layer);
+  const int64_t begin = offsets_[members.front()];
+  const size_t last = members.back();
+  const int64_t end = offsets_[last] + model_.parameters()[last].spec().local_numel(topo_.tp_rank());
+  auto buffer = gather_range(begin, end);
+  for (size_t i : members) {
+    auto& p = model_.parameters()[i];
+    const int rank = topo_.tp_rank();
+    p.tensor.set_data(buffer.narrow(0, offsets_[i] - begin, p.spec().local_numel(rank)).view(p.spec().local_shape(rank)));
+  }
+}
+
+void ZeroOptimizer::release_layer(int64_t layer) {
+  for (size_t i : layer_params_.at(layer))
+    model_.parameters()[i].tensor.set_data(torch::empty({0}, torch::TensorOptions().dtype(low_)));
+}
+
+void ZeroOptimizer::gather_all_params() {
+  if (stage_ != 3) return;
+  torch::NoGradGuard no_grad;
+  auto full = topo_.dp().all_gather(param_part_, 0);
+  int64_t i = 0;
+  for (auto& p : model_.parameters()) {
+    const int rank = topo_.tp_rank();
+    p.tensor.set_data(full.narrow(0, offsets_[i++], p.spec().local_numel(rank)).view(p.spec().local_shape(rank)));
+  }
 }
 
 torch::Tensor ZeroOptimizer::partition(const torch::Tensor& flat) const {
@@ -112,21 +168,22 @@ void ZeroOptimizer::bind_grads(const torch::Tensor& flat) {
   flat_grads_ = flat;
   for (size_t i = 0; i < model_.parameters().size(); ++i) {
     auto& p = model_.parameters()[i];
-    p.tensor.mutable_grad() = flat.narrow(0, offsets_[i], p.tensor.numel()).view(p.tensor.sizes());
+    // Shapes from the spec: at stage 3 a parameter may be released (empty) right now.
+    const int rank = topo_.tp_rank();
+    p.tensor.mutable_grad() =
+        flat.narrow(0, offsets_[i], p.spec().local_numel(rank)).view(p.spec().local_shape(rank));
   }
 }
 
 void ZeroOptimizer::begin_step() {
   torch::NoGradGuard no_grad;
   if (stage_ == 3) {
-    auto full = topo_.dp().all_gather(param_part_, 0);
-    // Re-bind with the original element counts (the released tensors are empty).
-    flat_params_ = full;
-    int64_t i = 0;
-    for (auto& p : model_.parameters()) {
-      auto shape = p.spec().local_shape(topo_.tp_rank());
-      int64_t n = p.spec().local_numel(topo_.tp_rank());
-      p.tensor.set_data(full.narrow(0, offsets_[i++], n).view(shape));
+    // Embeddings, final norm and head stay whole for the step; layers come and go.
+    const int rank = topo_.tp_rank();
+    for (size_t i : outer_params_) {
+      auto& p = model_.parameters()[i];
+      const int64_t n = p.spec().local_numel(rank);
+      p.tensor.set_data(gather_range(offsets_[i], offsets_[i] + n).view(p.spec().local_shape(rank)));
     }
   }
   if (!flat_grads_.defined())

@@ -19,6 +19,8 @@
 
 namespace autotp {
 
+struct CheckpointFn;  // a recomputed layer's closure (causal_lm.cpp)
+
 struct Parameter {
   const PlanEntry* entry = nullptr;  // desc (HF name, shape), role and ShardSpec
   torch::Tensor tensor;              // this rank's shard
@@ -35,6 +37,7 @@ class CausalLM {
  public:
   // Allocates uninitialised shards for tp rank `tp.rank()` of the plan.
   CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype = torch::kFloat32);
+  ~CausalLM();
 
   const ModelConfig& config() const { return config_; }
   const TpPlan& plan() const { return plan_; }
@@ -64,6 +67,14 @@ class CausalLM {
   // Recompute these layers in the backward instead of keeping their activations
   // (only each layer's input is kept). Empty = none.
   void set_activation_checkpointing(std::vector<bool> per_layer) { checkpoint_layers_ = std::move(per_layer); }
+  // Called around every use of a decoder layer's parameters: in the forward,
+  // and again around its recomputation in the backward (ZeRO-3 gathers the
+  // layer's parameters in `before` and releases them in `after`). Setting
+  // hooks makes every layer recompute in the backward.
+  struct LayerHooks {
+    std::function<void(int64_t)> before, after;
+  };
+  void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
 
   // The whole (logical) tensor of a parameter, gathered over the tp group; every rank gets it.
   torch::Tensor gather(const Parameter& p);
@@ -94,8 +105,9 @@ class CausalLM {
   std::vector<Parameter> params_;
   std::map<std::string, size_t> index_;
   std::vector<bool> checkpoint_layers_;
+  LayerHooks hooks_;
   // Closures of checkpointed layers of the current forward, alive until its backward.
-  std::vector<std::unique_ptr<std::function<torch::Tensor(const torch::Tensor&)>>> checkpoint_fns_;
+  std::vector<std::unique_ptr<CheckpointFn>> checkpoint_fns_;
 };
 
 // Local query-head range [first, first + count) of rank `tp_rank` for a q

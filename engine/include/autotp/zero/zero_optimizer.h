@@ -6,8 +6,10 @@
 //   stage 1: gradients all-reduced; fp32 master weights and optimizer states for
 //            this rank's partition only; updated partitions all-gathered
 //   stage 2: gradients reduce-scattered, only the partition is kept after the step
-//   stage 3: parameters partitioned too: gathered before the forward, released
-//            after the backward (whole model at once, not yet layer by layer)
+//   stage 3: parameters partitioned too: each decoder layer's parameters are
+//            all-gathered right before the layer runs and released right after,
+//            in the forward and again around its recomputation in the backward;
+//            embeddings, final norm and LM head are gathered for the whole step
 // Gradients of kv slices shared by several tp ranks are summed over them first;
 // the global gradient norm counts every logical element once (TpPlan ownership
 // across tp, partitions across dp). Not thread safe.
@@ -50,6 +52,10 @@ class ZeroOptimizer {
   // Reduces, clips, updates and redistributes; returns the step's gradient norm.
   StepOutcome step(double lr);
 
+  // Stage 3: makes every parameter whole again (until the next step) so the
+  // model can be read, e.g. for comparisons or export. No-op at other stages.
+  void gather_all_params();
+
   ModelStateBytes model_state_bytes() const;
   // The same numbers from the formula of docs/memory.md (no buffers consulted).
   static ModelStateBytes analytic_bytes(int64_t local_numel, int dp_size, int stage, torch::ScalarType dtype,
@@ -61,6 +67,9 @@ class ZeroOptimizer {
   void bind_params(const torch::Tensor& flat);
   void bind_grads(const torch::Tensor& flat);
   void release_params();
+  torch::Tensor gather_range(int64_t begin, int64_t end);
+  void gather_layer(int64_t layer);
+  void release_layer(int64_t layer);
   void sync_shared_grads(torch::Tensor& flat_fp32);
   torch::Tensor partition(const torch::Tensor& flat) const;
 
@@ -73,6 +82,8 @@ class ZeroOptimizer {
   bool mixed_;
   int64_t local_numel_ = 0, padded_ = 0, part_numel_ = 0, part_offset_ = 0;
   std::vector<int64_t> offsets_;  // per parameter, into the flat buffer
+  std::vector<std::vector<size_t>> layer_params_;  // stage 3: parameter indices of each decoder layer
+  std::vector<size_t> outer_params_;               // stage 3: the others (embeddings, final norm, head)
   torch::Tensor flat_params_;     // model dtype, padded (absent between steps at stage 3)
   torch::Tensor param_part_;      // stage 3: this rank's partition of the parameters
   torch::Tensor flat_grads_;      // model dtype, what autograd accumulates into
