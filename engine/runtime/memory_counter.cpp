@@ -1,8 +1,11 @@
 #include "autotp/runtime/memory_counter.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
+#include <mutex>
+#include <unordered_map>
 
 namespace autotp {
 namespace {
@@ -11,33 +14,44 @@ std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<bool> g_installed{false};
 
-struct Allocation {
-  c10::DataPtr inner;  // the base allocator's pointer, freed with it
-  int64_t bytes;
-};
+// LibTorch's raw_allocate needs the DataPtr's context to be the data pointer,
+// so sizes live in a side table instead of a wrapper context.
+std::mutex g_mutex;
+std::unordered_map<void*, int64_t>& sizes() {
+  static auto* table = new std::unordered_map<void*, int64_t>();  // leaked: outlives static destructors
+  return *table;
+}
 
-void release(void* context) {
-  auto* allocation = static_cast<Allocation*>(context);
-  g_current.fetch_sub(allocation->bytes, std::memory_order_relaxed);
-  delete allocation;
+void release(void* data) {
+  if (!data) return;
+  int64_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = sizes().find(data);
+    if (it != sizes().end()) {
+      bytes = it->second;
+      sizes().erase(it);
+    }
+  }
+  g_current.fetch_sub(bytes, std::memory_order_relaxed);
+  c10::free_cpu(data);
 }
 
 class CountingAllocator : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-
   c10::DataPtr allocate(size_t bytes) const override {
-    auto* allocation = new Allocation{base_->allocate(bytes), static_cast<int64_t>(bytes)};
-    int64_t now = g_current.fetch_add(allocation->bytes, std::memory_order_relaxed) + allocation->bytes;
+    void* data = c10::alloc_cpu(bytes);
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      sizes()[data] = static_cast<int64_t>(bytes);
+    }
+    int64_t now = g_current.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed) + bytes;
     int64_t peak = g_peak.load(std::memory_order_relaxed);
     while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
-    void* data = allocation->inner.get();
-    return {data, allocation, &release, c10::Device(c10::DeviceType::CPU)};
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
-
- private:
-  c10::Allocator* base_;
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 };
 
 }  // namespace
@@ -45,7 +59,7 @@ class CountingAllocator : public c10::Allocator {
 void install_memory_counter() {
   if (g_installed.exchange(true)) return;
   // Leaked on purpose: tensors may outlive every static destructor.
-  static auto* counter = new CountingAllocator(c10::GetDefaultCPUAllocator());
+  static auto* counter = new CountingAllocator();
   c10::SetCPUAllocator(counter, /*priority=*/100);
 }
 

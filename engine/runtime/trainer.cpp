@@ -31,7 +31,10 @@ nlohmann::json StepMetrics::to_json() const {
 
 torch::ScalarType training_dtype(const TrainConfig& config) {
   if (config.bf16) return torch::kBFloat16;
-  if (config.fp16.enabled) return torch::kFloat16;
+  // LibTorch's CPU kernels have no float16 matmul; the engine runs on CPU tensors today.
+  AUTOTP_USER_CHECK(!config.fp16.enabled,
+                    "fp16.enabled needs CUDA tensors (LibTorch has no float16 matmul on CPU); use bf16.enabled on "
+                    "CPU");
   return torch::kFloat32;
 }
 
