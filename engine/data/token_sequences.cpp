@@ -5,18 +5,12 @@
 #include <fstream>
 
 #include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
 
 namespace autotp {
 
 torch::Tensor read_token_sequences(const std::string& path, int64_t vocab_size) {
-  std::ifstream in(path);
-  AUTOTP_USER_CHECK(in.good(), "{}: cannot open token file", path);
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    throw_user_error("{}: invalid JSON ({})", path, e.what());
-  }
+  nlohmann::json j = read_json_file(path, "token file");
   AUTOTP_USER_CHECK(j.is_array(), "{}: expected a JSON array of token-id arrays", path);
   AUTOTP_USER_CHECK(!j.empty(), "{}: the file holds no sequences", path);
   const size_t length = j[0].is_array() ? j[0].size() : 0;

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
 
 namespace autotp {
 namespace {
@@ -139,15 +140,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
 }
 
 ModelConfig ModelConfig::from_file(const std::string& path) {
-  std::ifstream in(path);
-  AUTOTP_USER_CHECK(in.good(), "{}: cannot open config file", path);
-  json j;
-  try {
-    in >> j;
-  } catch (const json::exception& e) {
-    throw_user_error("{}: invalid JSON: {}", path, e.what());
-  }
-  return from_json(j, path);
+  return from_json(read_json_file(path, "config file"), path);
 }
 
 }  // namespace autotp

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
 
 namespace autotp {
 namespace {
@@ -357,15 +358,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
 }
 
 TrainConfig TrainConfig::from_file(const std::string& path) {
-  std::ifstream in(path);
-  AUTOTP_USER_CHECK(in.good(), "{}: cannot open config file", path);
-  json j;
-  try {
-    in >> j;
-  } catch (const json::exception& e) {
-    throw_user_error("{}: invalid JSON: {}", path, e.what());
-  }
-  return from_json(j, path);
+  return from_json(read_json_file(path, "config file"), path);
 }
 
 void TrainConfig::resolve_batch(int world_size) {

@@ -5,6 +5,7 @@
 
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
 #include "cli/cli.h"
 
 namespace autotp::cli {
@@ -30,14 +31,7 @@ void register_plan(CLI::App& app) {
                     : args->rules == "names"    ? PlanRules::kNames
                                                 : PlanRules::kAuto;
     if (!args->config.empty()) {
-      std::ifstream in(args->config);
-      AUTOTP_USER_CHECK(in.good(), "{}: cannot open config file", args->config);
-      nlohmann::json j;
-      try {
-        in >> j;
-      } catch (const nlohmann::json::exception& e) {
-        throw_user_error("{}: invalid JSON ({})", args->config, e.what());
-      }
+      nlohmann::json j = read_json_file(args->config, "config file");
       if (j.contains("tensor_parallel") && j["tensor_parallel"].contains("partition_config"))
         options.layer_specs = parse_partition_config(j["tensor_parallel"]["partition_config"]);
     }
