@@ -27,7 +27,7 @@ json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::stri
           {"gradient_accumulation_steps", gas},
           {"optimizer", {{"type", optimizer}, {"params", params}}},
           {"gradient_clipping", 1.0},  // below the grad norms here, so clipping is active every step
-          {"zero_optimization", {{"stage", stage}}},
+          {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 4096}}},  // many buckets per step
           {"tensor_parallel", {{"autotp_size", tp}}},
           {"activation_checkpointing", {{"enabled", checkpointing}}}};
 }

@@ -45,6 +45,7 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
       topo_(topology),
       stage_(config.zero.stage),
       clip_(config.gradient_clipping),
+      bucket_elements_(std::max<int64_t>(1, config.zero.reduce_bucket_size)),
       fp16_(config.fp16),
       low_(model.dtype()),
       mixed_(model.dtype() != torch::kFloat32) {
@@ -224,12 +225,18 @@ StepOutcome ZeroOptimizer::step(double lr) {
   outcome.loss_scale = loss_scale_;
   torch::Tensor acc = mixed_ ? grad_accum_ : flat_grads_;
   sync_shared_grads(acc);
+  // Gradients are reduced in buckets of reduce_bucket_size elements, so the
+  // communication buffers stay bounded. Gloo in LibTorch 1.13 has no
+  // reduce-scatter, so stages 2-3 all-reduce too and keep their own partition.
+  for (int64_t offset = 0; offset < padded_; offset += bucket_elements_) {
+    auto bucket = acc.narrow(0, offset, std::min(bucket_elements_, padded_ - offset));
+    topo_.dp().all_reduce(bucket);
+  }
   torch::Tensor grads;
   if (stage_ <= 1) {
-    topo_.dp().all_reduce(acc);
     grads = partition(acc);
   } else {
-    grad_part_ = topo_.dp().reduce_scatter(acc);
+    grad_part_ = partition(acc).clone();
     grads = grad_part_;
   }
   if (loss_scale_ != 1) grads.div_(loss_scale_);

@@ -77,6 +77,7 @@ class ZeroOptimizer {
   Topology& topo_;
   int stage_;
   double clip_;
+  int64_t bucket_elements_;  // zero_optimization.reduce_bucket_size
   Fp16Config fp16_;
   torch::ScalarType low_;
   bool mixed_;
