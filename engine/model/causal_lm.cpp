@@ -402,14 +402,10 @@ torch::Tensor gather_local(const ShardSpec& spec, const torch::Tensor& local, Co
 torch::Tensor CausalLM::gather(const Parameter& p) { return gather_local(p.spec(), p.tensor, tp_); }
 
 void CausalLM::sync_shared_grads() {
-  torch::NoGradGuard no_grad;
   for (auto& p : params_) {
-    const ShardSpec& spec = p.spec();
-    if (spec.is_replicated() || !spec.has_overlap() || !p.tensor.grad().defined()) continue;
-    auto full = torch::zeros(spec.global_shape(), p.tensor.grad().options());
-    spec.place(full, p.tensor.grad(), tp_.rank(), /*accumulate=*/true);
-    tp_.all_reduce(full);
-    p.tensor.mutable_grad().copy_(spec.slice(full, tp_.rank()));
+    if (!p.tensor.grad().defined()) continue;
+    auto grad = p.tensor.mutable_grad();
+    sum_shared_slices(p.spec(), grad, tp_);
   }
 }
 

@@ -79,4 +79,13 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, co
   return VocabParallelCrossEntropy::apply(logits_local, targets, vocab_start, &tp, ignore_index);
 }
 
+void sum_shared_slices(const ShardSpec& spec, torch::Tensor& local_grad, Comm& tp) {
+  if (spec.is_replicated() || !spec.has_overlap()) return;
+  torch::NoGradGuard no_grad;
+  auto full = torch::zeros(spec.global_shape(), local_grad.options());
+  spec.place(full, local_grad, tp.rank(), /*accumulate=*/true);
+  tp.all_reduce(full);
+  local_grad.copy_(spec.slice(full, tp.rank()));
+}
+
 }  // namespace autotp

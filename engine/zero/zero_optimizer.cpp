@@ -5,6 +5,7 @@
 
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
+#include "autotp/tp/parallel_layers.h"
 
 namespace autotp {
 
@@ -207,15 +208,11 @@ void ZeroOptimizer::after_backward() {
 }
 
 void ZeroOptimizer::sync_shared_grads(torch::Tensor& flat) {
+  const int rank = topo_.tp_rank();
   for (size_t i = 0; i < model_.parameters().size(); ++i) {
-    auto& p = model_.parameters()[i];
-    const ShardSpec& spec = p.spec();
-    if (spec.is_replicated() || !spec.has_overlap()) continue;
-    auto local = flat.narrow(0, offsets_[i], spec.local_numel(topo_.tp_rank())).view(spec.local_shape(topo_.tp_rank()));
-    auto full = torch::zeros(spec.global_shape(), torch::kFloat32);
-    spec.place(full, local, topo_.tp_rank(), /*accumulate=*/true);
-    topo_.tp().all_reduce(full);
-    local.copy_(spec.slice(full, topo_.tp_rank()));
+    const ShardSpec& spec = model_.parameters()[i].spec();
+    auto local = flat.narrow(0, offsets_[i], spec.local_numel(rank)).view(spec.local_shape(rank));
+    sum_shared_slices(spec, local, topo_.tp());
   }
 }
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "autotp/comm/comm.h"
+#include "autotp/tp/shard_spec.h"
 
 namespace autotp {
 
@@ -26,5 +27,10 @@ torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Te
 // 0 where target == ignore_index.
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, const torch::Tensor& targets,
                                            int64_t vocab_start, Comm& tp, int64_t ignore_index = -100);
+
+// Sums, in place, the parts of a gradient shard that several tp ranks hold (kv
+// heads shared under GQA) over their holders; other parts are unchanged. No-op
+// for specs without overlap.
+void sum_shared_slices(const ShardSpec& spec, torch::Tensor& local_grad, Comm& tp);
 
 }  // namespace autotp
