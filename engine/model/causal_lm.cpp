@@ -366,21 +366,28 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids) {
 torch::Tensor CausalLM::forward(const torch::Tensor& input_ids) { return lm_head_logits(hidden_states(input_ids)); }
 
 torch::Tensor CausalLM::token_losses(const torch::Tensor& input_ids, const torch::Tensor& targets) {
-  auto logits = forward(input_ids);
+  return losses_from_logits(forward(input_ids), targets);
+}
+
+torch::Tensor CausalLM::losses_from_logits(const torch::Tensor& local_logits, const torch::Tensor& targets) {
   const Parameter& head = head_param(params_, config_.tie_word_embeddings);
   Comm& comm = is_split(*head.entry) ? tp_ : self_comm();
-  auto flat = logits.reshape({-1, logits.size(-1)});
+  auto flat = local_logits.reshape({-1, local_logits.size(-1)});
   return vocab_parallel_cross_entropy(flat, targets.reshape({-1}), vocab_start(), comm).view(targets.sizes());
 }
 
 torch::Tensor CausalLM::full_logits(const torch::Tensor& input_ids) {
   torch::NoGradGuard no_grad;
-  auto logits = forward(input_ids);
+  return gather_logits(forward(input_ids));
+}
+
+torch::Tensor CausalLM::gather_logits(const torch::Tensor& local_logits) {
+  torch::NoGradGuard no_grad;
   const Parameter& head = head_param(params_, config_.tie_word_embeddings);
-  if (!is_split(*head.entry)) return logits;
+  if (!is_split(*head.entry)) return local_logits.detach();
   std::vector<int64_t> sizes;
   for (int r = 0; r < tp_.size(); ++r) sizes.push_back(head.spec().local_extent(r));
-  return tp_.all_gather(logits.contiguous(), 2, sizes);
+  return tp_.all_gather(local_logits.detach().contiguous(), 2, sizes);
 }
 
 namespace {

@@ -56,12 +56,13 @@ void register_eval(CLI::App& app) {
     const int64_t L = sequences.size(1);
     auto inputs = sequences.narrow(1, 0, L - 1).contiguous();
     auto targets = sequences.narrow(1, 1, L - 1).contiguous();
-    auto losses = model->token_losses(inputs, targets).to(torch::kFloat64);
+    auto local_logits = model->forward(inputs);
+    auto losses = model->losses_from_logits(local_logits, targets).to(torch::kFloat64);
     double total = losses.sum().item<double>();
     int64_t count = targets.numel();
     double loss = total / static_cast<double>(count);
     torch::Tensor logits;
-    if (!args->logits.empty()) logits = model->full_logits(inputs).to(torch::kFloat32);
+    if (!args->logits.empty()) logits = model->gather_logits(local_logits).to(torch::kFloat32);
     if (topology->rank() == 0) {
       nlohmann::json result = {{"loss", loss}, {"tokens", count}, {"perplexity", std::exp(loss)},
                                {"tp", tp}, {"model", source.label}};

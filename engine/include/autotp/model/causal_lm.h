@@ -61,8 +61,11 @@ class CausalLM {
   // Per-token cross-entropy [batch, seq] (fp32, 0 where target == -100) of
   // predicting `targets` at each position of `input_ids`; logits never gathered.
   torch::Tensor token_losses(const torch::Tensor& input_ids, const torch::Tensor& targets);
+  // The same from logits forward() already returned (one forward for loss and output).
+  torch::Tensor losses_from_logits(const torch::Tensor& local_logits, const torch::Tensor& targets);
   // Full logits [batch, seq, vocab], gathered over the tp group (for output only).
   torch::Tensor full_logits(const torch::Tensor& input_ids);
+  torch::Tensor gather_logits(const torch::Tensor& local_logits);
 
   // Recompute these layers in the backward instead of keeping their activations
   // (only each layer's input is kept). Empty = none.
