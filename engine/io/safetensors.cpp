@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "autotp/io/checksum.h"
 #include "autotp/runtime/error.h"
 
 namespace autotp::io {
@@ -275,37 +276,82 @@ torch::Tensor SafetensorsFile::read_slice(const std::string& name, int64_t dim, 
   return dtype && *dtype != slice.scalar_type() ? slice.to(*dtype) : slice;
 }
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), entries_(std::move(entries)) {
   std::set<std::string> seen;
-  std::vector<torch::Tensor> contiguous;
-  contiguous.reserve(tensors.size());
   OrderedJson header = OrderedJson::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    AUTOTP_USER_CHECK(seen.insert(name).second, "{}: tensor name '{}' is given twice", path, name);
-    AUTOTP_USER_CHECK(name != "__metadata__", "{}: '__metadata__' is reserved, not a tensor name", path);
-    torch::Tensor cpu = tensor.to(torch::kCPU).contiguous();
-    const uint64_t bytes = cpu.numel() * cpu.element_size();
-    header[name] = {{"dtype", dtype_to_safetensors(cpu.scalar_type())},
-                    {"shape", cpu.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& entry : entries_) {
+    AUTOTP_USER_CHECK(seen.insert(entry.name).second, "{}: tensor name '{}' is given twice", path_, entry.name);
+    AUTOTP_USER_CHECK(entry.name != "__metadata__", "{}: '__metadata__' is reserved, not a tensor name", path_);
+    uint64_t bytes = element_size(entry.dtype);
+    for (int64_t d : entry.shape) bytes *= static_cast<uint64_t>(d);
+    header[entry.name] = {{"dtype", dtype_to_safetensors(entry.dtype)},
+                          {"shape", entry.shape},
+                          {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    contiguous.push_back(std::move(cpu));
   }
   std::string header_text = header.dump();
   // Padding keeps the data section 8-byte aligned within the file (as the format recommends).
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_size = header_text.size();
 
-  write_file_atomic(path, [&](int fd, const std::string& temporary) {
-    write_all(fd, &header_size, 8, temporary);  // little-endian host assumed
-    write_all(fd, header_text.data(), header_text.size(), temporary);
-    for (const auto& tensor : contiguous) {
-      write_all(fd, tensor.data_ptr(), tensor.numel() * tensor.element_size(), temporary);
-    }
-  });
+  temporary_ = fmt::format("{}.tmp.{}", path_, ::getpid());
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  AUTOTP_USER_CHECK(fd_ >= 0, "{}: cannot create: {}", temporary_, std::strerror(errno));
+  try {
+    append(&header_size, 8);  // little-endian host assumed
+    append(header_text.data(), header_text.size());
+  } catch (...) {
+    ::close(fd_);
+    ::unlink(temporary_.c_str());
+    throw;
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temporary_.c_str());
+}
+
+void SafetensorsWriter::append(const void* data, size_t size) {
+  write_all(fd_, data, size, temporary_);
+  crc_ = crc32_update(crc_, data, size);
+  bytes_ += size;
+}
+
+void SafetensorsWriter::write(const torch::Tensor& tensor) {
+  TORCH_CHECK(next_ < entries_.size(), "SafetensorsWriter::write: ", path_, " has only ", entries_.size(),
+              " tensors");
+  const Entry& entry = entries_[next_++];
+  TORCH_CHECK(tensor.sizes().vec() == entry.shape, "SafetensorsWriter::write: ", path_, ": tensor '", entry.name,
+              "' has shape ", tensor.sizes(), ", the header says ", c10::IntArrayRef(entry.shape));
+  torch::Tensor cpu = tensor.to(torch::kCPU, entry.dtype).contiguous();
+  append(cpu.data_ptr(), cpu.numel() * cpu.element_size());
+  if (hook_) hook_(bytes_);
+}
+
+uint32_t SafetensorsWriter::commit() {
+  TORCH_CHECK(next_ == entries_.size(), "SafetensorsWriter::commit: ", path_, ": ", entries_.size() - next_,
+              " tensors were not written");
+  int closed = ::close(fd_);
+  fd_ = -1;
+  AUTOTP_USER_CHECK(closed == 0, "{}: close failed: {}", temporary_, std::strerror(errno));
+  AUTOTP_USER_CHECK(::rename(temporary_.c_str(), path_.c_str()) == 0, "{}: cannot rename {} to it: {}", path_,
+                    temporary_, std::strerror(errno));
+  committed_ = true;
+  return crc_;
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& [name, tensor] : tensors) entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  SafetensorsWriter writer(path, std::move(entries), metadata);
+  for (const auto& entry : tensors) writer.write(entry.second);
+  writer.commit();
 }
 
 void write_text_file_atomic(const std::string& path, const std::string& content) {

@@ -390,23 +390,8 @@ torch::Tensor CausalLM::gather_logits(const torch::Tensor& local_logits) {
   return tp_.all_gather(local_logits.detach().contiguous(), 2, sizes);
 }
 
-namespace {
-torch::Tensor gather_local(const ShardSpec& spec, const torch::Tensor& local, Comm& tp) {
-  if (spec.is_replicated()) return local.detach().clone();
-  std::vector<int64_t> sizes;
-  for (int r = 0; r < tp.size(); ++r) sizes.push_back(spec.local_numel(r));
-  auto flat = tp.all_gather(local.detach().contiguous().view({-1}), 0, sizes);
-  auto full = torch::empty(spec.global_shape(), local.options().requires_grad(false));
-  int64_t offset = 0;
-  for (int r = 0; r < tp.size(); ++r) {
-    spec.place(full, flat.narrow(0, offset, sizes[r]).view(spec.local_shape(r)), r);
-    offset += sizes[r];
-  }
-  return full;
-}
-}  // namespace
 
-torch::Tensor CausalLM::gather(const Parameter& p) { return gather_local(p.spec(), p.tensor, tp_); }
+torch::Tensor CausalLM::gather(const Parameter& p) { return gather_full(p.spec(), p.tensor, tp_); }
 
 void CausalLM::sync_shared_grads() {
   for (auto& p : params_) {
@@ -418,7 +403,7 @@ void CausalLM::sync_shared_grads() {
 
 torch::Tensor CausalLM::gather_grad(const Parameter& p) {
   TORCH_CHECK(p.tensor.grad().defined(), "CausalLM::gather_grad: '", p.name(), "' has no gradient");
-  return gather_local(p.spec(), p.tensor.grad(), tp_);
+  return gather_full(p.spec(), p.tensor.grad(), tp_);
 }
 
 }  // namespace autotp

@@ -40,7 +40,11 @@ torch::ScalarType training_dtype(const TrainConfig& config) {
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::unique_ptr<CausalLM> model,
                  std::shared_ptr<Dataset> data, bool shuffle)
-    : config_(std::move(config)), topology_(std::move(topology)), model_(std::move(model)), data_(std::move(data)) {
+    : config_(std::move(config)),
+      topology_(std::move(topology)),
+      model_(std::move(model)),
+      data_(std::move(data)),
+      shuffle_(shuffle) {
   if (config_.activation_checkpointing.enabled) {
     const int64_t layers = model_->config().num_layers;
     std::vector<bool> per_layer(layers, config_.activation_checkpointing.layers.empty());
@@ -56,6 +60,20 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::un
                                                     config_.gradient_accumulation_steps, topology_->dp_size(),
                                                     topology_->dp_rank(), config_.seed, shuffle);
   optimizer_ = std::make_unique<ZeroOptimizer>(*model_, *topology_, config_);
+}
+
+TrainerState Trainer::state() const {
+  TrainerState s;
+  s.steps_done = steps_done_;
+  s.applied_steps = applied_steps_;
+  if (sampler_) s.sampler = sampler_->state();
+  return s;
+}
+
+void Trainer::restore(const TrainerState& state) {
+  steps_done_ = state.steps_done;
+  applied_steps_ = state.applied_steps;
+  if (sampler_) sampler_->set_state(state.sampler);
 }
 
 void Trainer::check_tp_consistency(const std::vector<Batch>& micro_batches) {

@@ -88,4 +88,18 @@ void sum_shared_slices(const ShardSpec& spec, torch::Tensor& local_grad, Comm& t
   local_grad.copy_(spec.slice(full, tp.rank()));
 }
 
+torch::Tensor gather_full(const ShardSpec& spec, const torch::Tensor& local, Comm& tp) {
+  if (spec.is_replicated()) return local.detach().clone();
+  std::vector<int64_t> sizes;
+  for (int r = 0; r < tp.size(); ++r) sizes.push_back(spec.local_numel(r));
+  auto flat = tp.all_gather(local.detach().contiguous().view({-1}), 0, sizes);
+  auto full = torch::empty(spec.global_shape(), local.options().requires_grad(false));
+  int64_t offset = 0;
+  for (int r = 0; r < tp.size(); ++r) {
+    spec.place(full, flat.narrow(0, offset, sizes[r]).view(spec.local_shape(r)), r);
+    offset += sizes[r];
+  }
+  return full;
+}
+
 }  // namespace autotp

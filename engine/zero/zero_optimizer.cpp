@@ -26,8 +26,8 @@ int64_t optimizer_state_count(const OptimizerConfig& o) {
 
 ModelStateBytes ZeroOptimizer::analytic_bytes(int64_t local_numel, int dp, int stage, torch::ScalarType dtype,
                                               const OptimizerConfig& optimizer) {
-  const int64_t padded = (local_numel + dp - 1) / dp * dp;
-  const int64_t part = stage == 0 ? padded : padded / dp;
+  const FlatLayout layout = FlatLayout::build(std::vector<int64_t>{local_numel}, dp, stage);
+  const int64_t padded = layout.padded, part = layout.part;
   const int64_t low = static_cast<int64_t>(c10::elementSize(dtype));
   const bool mixed = dtype != torch::kFloat32;
   ModelStateBytes b;
@@ -51,14 +51,13 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
       low_(model.dtype()),
       mixed_(model.dtype() != torch::kFloat32) {
   torch::NoGradGuard no_grad;
-  const int dp = topo_.dp_size();
-  for (auto& p : model_.parameters()) {
-    offsets_.push_back(local_numel_);
-    local_numel_ += p.tensor.numel();
-  }
-  padded_ = (local_numel_ + dp - 1) / dp * dp;
-  part_numel_ = stage_ == 0 ? padded_ : padded_ / dp;
-  part_offset_ = stage_ == 0 ? 0 : part_numel_ * topo_.dp_rank();
+  std::vector<const ShardSpec*> specs;
+  for (auto& p : model_.parameters()) specs.push_back(&p.spec());
+  layout_ = FlatLayout::build(specs, topo_.tp_rank(), topo_.dp_size(), stage_);
+  offsets_ = layout_.offsets;
+  padded_ = layout_.padded;
+  part_numel_ = layout_.part;
+  part_offset_ = layout_.part_offset(topo_.dp_rank());
 
   auto flat = torch::zeros({padded_}, torch::TensorOptions().dtype(low_));
   owned_mask_ = torch::zeros({padded_}, torch::kFloat32);
@@ -105,7 +104,7 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
   }
 }
 
-torch::Tensor ZeroOptimizer::gather_range(int64_t begin, int64_t end) {
+torch::Tensor ZeroOptimizer::gather_range(const torch::Tensor& part, int64_t begin, int64_t end) {
   // Each rank contributes the part of [begin, end) inside its own partition.
   std::vector<int64_t> sizes;
   for (int r = 0; r < topo_.dp_size(); ++r) {
@@ -113,7 +112,7 @@ torch::Tensor ZeroOptimizer::gather_range(int64_t begin, int64_t end) {
     sizes.push_back(std::max<int64_t>(0, hi - lo));
   }
   int64_t lo = std::max(begin, part_offset_);
-  auto local = param_part_.narrow(0, std::min(lo - part_offset_, part_numel_), sizes[topo_.dp_rank()]);
+  auto local = part.narrow(0, std::min(lo - part_offset_, part_numel_), sizes[topo_.dp_rank()]);
   return topo_.dp().all_gather(local.contiguous(), 0, sizes);
 }
 
@@ -123,7 +122,7 @@ void ZeroOptimizer::gather_layer(int64_t layer) {
   const int64_t begin = offsets_[members.front()];
   const size_t last = members.back();
   const int64_t end = offsets_[last] + model_.parameters()[last].spec().local_numel(topo_.tp_rank());
-  auto buffer = gather_range(begin, end);
+  auto buffer = gather_range(param_part_, begin, end);
   for (size_t i : members) {
     auto& p = model_.parameters()[i];
     const int rank = topo_.tp_rank();
@@ -185,7 +184,7 @@ void ZeroOptimizer::begin_step() {
     for (size_t i : outer_params_) {
       auto& p = model_.parameters()[i];
       const int64_t n = p.spec().local_numel(rank);
-      p.tensor.set_data(gather_range(offsets_[i], offsets_[i] + n).view(p.spec().local_shape(rank)));
+      p.tensor.set_data(gather_range(param_part_, offsets_[i], offsets_[i] + n).view(p.spec().local_shape(rank)));
     }
   }
   if (!flat_grads_.defined())
@@ -267,15 +266,11 @@ StepOutcome ZeroOptimizer::step(double lr) {
     optimizer_->step(master_, grads, lr);
   }
 
-  // Redistribute the updated parameters.
+  redistribute_params();
   if (stage_ == 3) {
-    if (mixed_) param_part_.copy_(master_);
-    release_params();
     flat_grads_ = torch::Tensor();
     for (auto& p : model_.parameters()) p.tensor.mutable_grad() = torch::Tensor();
   } else {
-    if (mixed_) partition(flat_params_).copy_(master_);
-    if (stage_ >= 1 && topo_.dp_size() > 1) flat_params_.copy_(topo_.dp().all_gather(partition(flat_params_), 0));
     if (stage_ == 2) {
       // Only the reduced partition survives the step; the full buffer is rebuilt next step.
       flat_grads_ = torch::Tensor();
@@ -284,6 +279,62 @@ StepOutcome ZeroOptimizer::step(double lr) {
   }
   if (mixed_ && stage_ >= 2) grad_accum_ = torch::Tensor();
   return outcome;
+}
+
+void ZeroOptimizer::redistribute_params() {
+  if (stage_ == 3) {
+    if (mixed_) param_part_.copy_(master_);
+    release_params();
+    return;
+  }
+  if (mixed_) partition(flat_params_).copy_(master_);
+  if (stage_ >= 1 && topo_.dp_size() > 1) flat_params_.copy_(topo_.dp().all_gather(partition(flat_params_), 0));
+}
+
+PartitionState ZeroOptimizer::partition_state() const {
+  PartitionState state;
+  state.params = stage_ == 3 ? param_part_ : partition(flat_params_);
+  if (mixed_) state.master_weights = master_;
+  state.optimizer = optimizer_->state();
+  state.optimizer_steps = optimizer_->steps();
+  return state;
+}
+
+void ZeroOptimizer::load_partition_state(const torch::Tensor& master,
+                                         const std::map<std::string, torch::Tensor>& optimizer,
+                                         int64_t optimizer_steps) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(master.numel() == part_numel_ && master.scalar_type() == torch::kFloat32,
+              "ZeroOptimizer::load_partition_state: master has ", master.numel(), " ", master.scalar_type(),
+              " elements, the partition ", part_numel_, " float");
+  if (stage_ == 3) {
+    if (mixed_)
+      master_.copy_(master), param_part_.copy_(master);
+    else
+      param_part_.copy_(master);  // master_ is param_part_
+  } else {
+    if (mixed_) master_.copy_(master);
+    partition(flat_params_).copy_(master);  // in fp32 master_ is this view
+  }
+  for (auto& [name, tensor] : optimizer_->state()) {
+    auto found = optimizer.find(name);
+    TORCH_CHECK(found != optimizer.end(), "ZeroOptimizer::load_partition_state: no optimizer state '", name, "'");
+    tensor.copy_(found->second);
+  }
+  optimizer_->set_steps(optimizer_steps);
+  redistribute_params();
+}
+
+void ZeroOptimizer::set_loss_scaler_state(const LossScalerState& state) {
+  loss_scale_ = state.loss_scale;
+  good_steps_ = state.good_steps;
+  hysteresis_left_ = state.hysteresis_left;
+}
+
+torch::Tensor ZeroOptimizer::gather_master(int64_t begin, int64_t end) {
+  torch::NoGradGuard no_grad;
+  if (stage_ == 0) return master_.narrow(0, begin, end - begin);
+  return gather_range(master_, begin, end);
 }
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {

@@ -38,5 +38,7 @@ void register_init(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_train(CLI::App& app);
+void register_export(CLI::App& app);
+void register_reshard(CLI::App& app);
 
 }  // namespace autotp::cli

@@ -10,6 +10,7 @@
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
+#include "autotp/runtime/checkpointing.h"
 #include "autotp/runtime/trainer.h"
 #include "cli/cli.h"
 
@@ -27,7 +28,8 @@ std::string format_duration(double seconds) {
 void register_train(CLI::App& app) {
   struct Args {
     std::string config, model, data, metrics, bin_dtype = "uint16";
-    int64_t steps = 10, seq_len = 0;
+    std::string save, resume, export_hf, export_dtype, max_shard_size = "0";
+    int64_t steps = 10, seq_len = 0, save_every = 0;
     bool no_shuffle = false;
     std::optional<uint64_t> seed;
     WorldOptions world;
@@ -38,7 +40,14 @@ void register_train(CLI::App& app) {
   cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
   cmd->add_option("--data", args->data, "Training data: .txt, .jsonl, .json token arrays or .bin (see docs/data.md)")
       ->required();
-  cmd->add_option("--steps", args->steps, "Optimizer steps to run (default 10)")->check(CLI::PositiveNumber);
+  cmd->add_option("--steps", args->steps, "Train until this optimizer step (default 10; counts resumed steps too)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--save", args->save, "Checkpoint root: writes DIR/step_N/ and DIR/latest at the end (and every --save-every steps)");
+  cmd->add_option("--save-every", args->save_every, "Also save every N steps (needs --save)")->check(CLI::PositiveNumber);
+  cmd->add_option("--resume", args->resume, "Continue from a checkpoint root (its latest) or a step_N directory, saved at any tp/dp/stage");
+  cmd->add_option("--export-hf", args->export_hf, "At the end, write the consolidated HF model here");
+  cmd->add_option("--export-dtype", args->export_dtype, "dtype of --export-hf: f32, bf16 or f16 (default: the training dtype)");
+  cmd->add_option("--max-shard-size", args->max_shard_size, "Shard --export-hf above this size, e.g. 2GB (default: one file)");
   cmd->add_option("--seq-len", args->seq_len, "Tokens per example (required except for .json token arrays)");
   cmd->add_flag("--no-shuffle", args->no_shuffle, "Keep file order: step k trains on examples [k*GBS, (k+1)*GBS)");
   cmd->add_option("--metrics", args->metrics, "Write one JSON line per optimizer step here (rank 0)");
@@ -65,6 +74,12 @@ void register_train(CLI::App& app) {
     data_options.vocab_size = source.config.vocab_size;
     data_options.bin_dtype = args->bin_dtype;
     std::shared_ptr<Dataset> data = open_dataset(args->data, data_options);
+    AUTOTP_USER_CHECK(args->save_every == 0 || !args->save.empty(), "--save-every needs --save DIR");
+    ExportOptions export_options;
+    if (!args->export_dtype.empty()) export_options.dtype = parse_dtype(args->export_dtype);
+    export_options.max_shard_bytes = io::parse_byte_size(args->max_shard_size);
+    std::optional<io::SavedCheckpoint> resume;
+    if (!args->resume.empty()) resume = io::SavedCheckpoint::open(args->resume);  // bad paths fail before the rendezvous
 
     auto topology = join_world(args->world, config.tensor_parallel.autotp_size);
     torch::manual_seed(config.seed);
@@ -74,6 +89,14 @@ void register_train(CLI::App& app) {
                topology->world_size(), topology->dp_size(), topology->tp_size(), config.zero.stage,
                config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
     Trainer trainer(config, topology, std::move(model), data, !args->no_shuffle);
+    if (resume) load_checkpoint(trainer, resume->dir());
+    const int64_t first_step = trainer.steps_done();
+    if (first_step >= args->steps)
+      log().warn("the checkpoint is at step {}, --steps is {}: nothing to train (--steps counts every step of the run)",
+                 first_step, args->steps);
+    SaveOptions save_options;
+    save_options.gather_16bit_weights = config.zero.gather_16bit_weights_on_model_save;
+    int64_t saved_at = -1;
 
     std::ofstream metrics;
     if (topology->rank() == 0 && !args->metrics.empty()) {
@@ -82,9 +105,13 @@ void register_train(CLI::App& app) {
     }
     const bool tty = isatty(STDERR_FILENO);
     double elapsed = 0;
-    for (int64_t s = 0; s < args->steps; ++s) {
+    for (int64_t s = first_step; s < args->steps; ++s) {
       StepMetrics m = trainer.train_step();
       elapsed += m.step_time_s;
+      if (args->save_every > 0 && m.step % args->save_every == 0) {
+        save_checkpoint(trainer, args->save, save_options);
+        saved_at = m.step;
+      }
       // Every rank's memory goes into rank 0's line.
       auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
                                  m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
@@ -109,7 +136,7 @@ void register_train(CLI::App& app) {
       }
       line["memory"]["ranks"] = ranks;
       if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;
-      double eta = elapsed / (s + 1) * (args->steps - s - 1);
+      double eta = elapsed / (s + 1 - first_step) * (args->steps - s - 1);
       std::string progress = fmt::format("step {}/{} loss {:.4f} grad_norm {:.3f} lr {:.3g} {:.0f} tok/s ETA {}",
                                          m.step, args->steps, m.loss, m.grad_norm, m.lr, m.tokens_per_s,
                                          format_duration(eta));
@@ -121,6 +148,8 @@ void register_train(CLI::App& app) {
       else if (m.step == 1 || last || m.step % config.steps_per_print == 0)
         std::cerr << progress << "\n";
     }
+    if (!args->save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args->save, save_options);
+    if (!args->export_hf.empty()) export_hf(trainer, args->export_hf, export_options);
     topology->world().barrier();  // rank 0 hosts the store: leave together
   });
 }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -65,6 +66,46 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 // temporary file in the same directory renamed on success.
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// Streams tensors into a safetensors file whose header (names, dtypes, shapes,
+// in order) is known up front, so memory stays at one tensor however large the
+// file. Bytes go to `path + ".tmp.<pid>"`; commit() renames it into place; an
+// uncommitted writer removes its temporary file when destroyed. The CRC-32 of
+// every byte written is kept as it goes. Not thread safe.
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    torch::ScalarType dtype;
+    std::vector<int64_t> shape;
+  };
+  SafetensorsWriter(std::string path, std::vector<Entry> entries,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // The next tensor in header order; converted to the entry's dtype. Its shape must match.
+  void write(const torch::Tensor& tensor);
+  // Called after the header and after each tensor with the bytes written so far
+  // (tests use it to kill a writer half way).
+  void set_progress_hook(std::function<void(uint64_t bytes)> hook) { hook_ = std::move(hook); }
+  // Closes and renames the file into place; returns the CRC-32 of the whole file.
+  uint32_t commit();
+  uint64_t bytes_written() const { return bytes_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  void append(const void* data, size_t size);
+  std::string path_, temporary_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  int fd_ = -1;
+  uint64_t bytes_ = 0;
+  uint32_t crc_ = 0;
+  bool committed_ = false;
+  std::function<void(uint64_t)> hook_;
+};
 
 // Atomic write of a small text file (temporary name + rename).
 void write_text_file_atomic(const std::string& path, const std::string& content);

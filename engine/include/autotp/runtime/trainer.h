@@ -42,6 +42,13 @@ struct StepMetrics {
   nlohmann::json to_json() const;
 };
 
+// What a checkpoint needs of the trainer besides the model states.
+struct TrainerState {
+  int64_t steps_done = 0;     // optimizer steps taken (including skipped ones)
+  int64_t applied_steps = 0;  // steps that updated the weights: the LR schedule's position
+  SamplerState sampler;       // ignored when the trainer has no dataset
+};
+
 class Trainer {
  public:
   // `config` must be resolved (resolve_batch) for the topology's world size.
@@ -58,6 +65,10 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   int64_t steps_done() const { return steps_done_; }
   DistributedSampler* sampler() { return sampler_.get(); }
+  Dataset* dataset() { return data_.get(); }
+  bool shuffle() const { return shuffle_; }
+  TrainerState state() const;
+  void restore(const TrainerState& state);
 
  private:
   void check_tp_consistency(const std::vector<Batch>& micro_batches);
@@ -68,6 +79,7 @@ class Trainer {
   std::shared_ptr<Dataset> data_;
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<ZeroOptimizer> optimizer_;
+  bool shuffle_ = false;
   int64_t steps_done_ = 0;
   int64_t applied_steps_ = 0;  // steps that updated the weights (not skipped for fp16 overflow)
 };

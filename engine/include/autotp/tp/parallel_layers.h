@@ -33,4 +33,8 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, co
 // for specs without overlap.
 void sum_shared_slices(const ShardSpec& spec, torch::Tensor& local_grad, Comm& tp);
 
+// The whole logical tensor from every tp rank's shard `local` (all-gather over
+// the tp group, then placed by the spec); every rank gets it. Detached.
+torch::Tensor gather_full(const ShardSpec& spec, const torch::Tensor& local, Comm& tp);
+
 }  // namespace autotp

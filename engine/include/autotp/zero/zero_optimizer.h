@@ -20,6 +20,7 @@
 #include "autotp/model/causal_lm.h"
 #include "autotp/optim/optimizer.h"
 #include "autotp/runtime/train_config.h"
+#include "autotp/zero/flat_layout.h"
 
 namespace autotp {
 
@@ -31,6 +32,21 @@ struct ModelStateBytes {
   int64_t optimizer_states = 0;
   int64_t total() const { return params + grads + master_weights + optimizer_states; }
   nlohmann::json to_json() const;
+};
+
+// fp16 dynamic loss scaling state (checkpointed).
+struct LossScalerState {
+  double loss_scale = 1;
+  int64_t good_steps = 0;    // clean steps since the last overflow
+  int hysteresis_left = 0;   // overflows still tolerated before the scale halves
+};
+
+// This rank's ZeRO partition of the model states, as checkpoints store it.
+struct PartitionState {
+  torch::Tensor params;          // model dtype [part]
+  torch::Tensor master_weights;  // fp32 [part]; undefined in fp32 training (params are the master)
+  std::vector<std::pair<std::string, torch::Tensor>> optimizer;  // fp32 [part] each, by state name
+  int64_t optimizer_steps = 0;
 };
 
 struct StepOutcome {
@@ -60,14 +76,31 @@ class ZeroOptimizer {
   // The same numbers from the formula of docs/memory.md (no buffers consulted).
   static ModelStateBytes analytic_bytes(int64_t local_numel, int dp_size, int stage, torch::ScalarType dtype,
                                         const OptimizerConfig& optimizer);
-  int64_t local_numel() const { return local_numel_; }
-  int64_t padded_numel() const { return padded_; }
+  int64_t local_numel() const { return layout_.local_numel; }
+  int64_t padded_numel() const { return layout_.padded; }
+  const FlatLayout& layout() const { return layout_; }
+  int stage() const { return stage_; }
+
+  // Checkpoints: this rank's partition (views, not copies; valid between steps).
+  PartitionState partition_state() const;
+  // Restores the partition from fp32 master values [part] and optimizer states
+  // (same names as partition_state), then redistributes the parameters over dp
+  // as a step does. Collective over dp at stages 1-2.
+  void load_partition_state(const torch::Tensor& master, const std::map<std::string, torch::Tensor>& optimizer,
+                            int64_t optimizer_steps);
+  LossScalerState loss_scaler_state() const { return {loss_scale_, good_steps_, hysteresis_left_}; }
+  void set_loss_scaler_state(const LossScalerState& state);
+  // Elements [begin, end) of this tp rank's fp32 master buffer, gathered over dp
+  // (collective over dp at stages 1-3; local at stage 0). For export.
+  torch::Tensor gather_master(int64_t begin, int64_t end);
 
  private:
   void bind_params(const torch::Tensor& flat);
   void bind_grads(const torch::Tensor& flat);
   void release_params();
-  torch::Tensor gather_range(int64_t begin, int64_t end);
+  // After the partition changed: low-precision copies and the other dp ranks' views follow.
+  void redistribute_params();
+  torch::Tensor gather_range(const torch::Tensor& part, int64_t begin, int64_t end);
   void gather_layer(int64_t layer);
   void release_layer(int64_t layer);
   void sync_shared_grads(torch::Tensor& flat_fp32);
@@ -81,8 +114,9 @@ class ZeroOptimizer {
   Fp16Config fp16_;
   torch::ScalarType low_;
   bool mixed_;
-  int64_t local_numel_ = 0, padded_ = 0, part_numel_ = 0, part_offset_ = 0;
-  std::vector<int64_t> offsets_;  // per parameter, into the flat buffer
+  FlatLayout layout_;
+  int64_t padded_ = 0, part_numel_ = 0, part_offset_ = 0;  // from layout_, for brevity
+  std::vector<int64_t> offsets_;                            // layout_.offsets
   std::vector<std::vector<size_t>> layer_params_;  // stage 3: parameter indices of each decoder layer
   std::vector<size_t> outer_params_;               // stage 3: the others (embeddings, final norm, head)
   torch::Tensor flat_params_;     // model dtype, padded (absent between steps at stage 3)

@@ -1,0 +1,284 @@
+#include "autotp/io/dist_checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "autotp/io/checksum.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
+
+namespace autotp::io {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  AUTOTP_USER_CHECK(in.good(), "{}: cannot open", path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+std::string rank_file_name(int tp_rank, int dp_rank) { return fmt::format("tp{}_dp{}.safetensors", tp_rank, dp_rank); }
+std::string step_dir_name(int64_t step) { return fmt::format("step_{}", step); }
+
+json CheckpointMetadata::to_json() const {
+  json tensor_list = json::array();
+  for (const auto& t : tensors) tensor_list.push_back({{"name", t.name}, {"spec", t.spec.to_json()}});
+  json file_list = json::array();
+  for (const auto& f : files)
+    file_list.push_back(
+        {{"name", f.name}, {"tp_rank", f.tp_rank}, {"dp_rank", f.dp_rank}, {"crc32", f.crc32}, {"bytes", f.bytes}});
+  return {{"format", "autotp-checkpoint"},
+          {"version", kCheckpointFormatVersion},
+          {"step", step},
+          {"topology", {{"tp", tp}, {"dp", dp}, {"world", tp * dp}, {"zero_stage", stage}}},
+          {"dtype", dtype},
+          {"optimizer_states", optimizer_states},
+          {"trainer", trainer},
+          {"sampler", sampler},
+          {"loss_scaler", loss_scaler},
+          {"files", file_list},
+          {"tensors", tensor_list},
+          {"model_config", model_config},
+          {"train_config", train_config}};
+}
+
+CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::string& source) {
+  AUTOTP_USER_CHECK(j.is_object() && j.value("format", "") == "autotp-checkpoint",
+                    "{}: not an autotp checkpoint metadata file", source);
+  const int version = j.value("version", -1);
+  AUTOTP_USER_CHECK(version == kCheckpointFormatVersion, "{}: checkpoint format version {} (this build reads {})",
+                    source, version, kCheckpointFormatVersion);
+  CheckpointMetadata m;
+  try {
+    m.step = j.at("step").get<int64_t>();
+    const json& topo = j.at("topology");
+    m.tp = topo.at("tp").get<int>();
+    m.dp = topo.at("dp").get<int>();
+    m.stage = topo.at("zero_stage").get<int>();
+    m.dtype = j.at("dtype").get<std::string>();
+    m.optimizer_states = j.at("optimizer_states").get<std::vector<std::string>>();
+    m.trainer = j.at("trainer");
+    m.sampler = j.at("sampler");
+    m.loss_scaler = j.at("loss_scaler");
+    for (const auto& f : j.at("files"))
+      m.files.push_back({f.at("name").get<std::string>(), f.at("tp_rank").get<int>(), f.at("dp_rank").get<int>(),
+                         f.at("crc32").get<uint32_t>(), f.at("bytes").get<uint64_t>()});
+    for (const auto& t : j.at("tensors"))
+      m.tensors.push_back({t.at("name").get<std::string>(), ShardSpec::from_json(t.at("spec"))});
+    m.model_config = j.at("model_config");
+    m.train_config = j.at("train_config");
+  } catch (const json::exception& e) {
+    throw_user_error("{}: malformed checkpoint metadata: {}", source, e.what());
+  } catch (const c10::Error& e) {
+    throw_user_error("{}: malformed checkpoint metadata: {}", source, e.what_without_backtrace());
+  }
+  AUTOTP_USER_CHECK(m.tp >= 1 && m.dp >= 1 && m.stage >= 0 && m.stage <= 3,
+                    "{}: topology tp {} dp {} stage {} is not valid", source, m.tp, m.dp, m.stage);
+  for (const auto& t : m.tensors)
+    AUTOTP_USER_CHECK(t.spec.tp_size() == m.tp, "{}: tensor '{}' is cut for tp {}, the checkpoint has tp {}", source,
+                      t.name, t.spec.tp_size(), m.tp);
+  return m;
+}
+
+FlatLayout CheckpointMetadata::layout(int tp_rank) const {
+  std::vector<const ShardSpec*> specs;
+  for (const auto& t : tensors) specs.push_back(&t.spec);
+  return FlatLayout::build(specs, tp_rank, dp, stage);
+}
+
+std::optional<size_t> CheckpointMetadata::find(const std::string& name) const {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == name) return i;
+  return std::nullopt;
+}
+
+NamedTensors rank_file_tensors(const torch::Tensor& params, const torch::Tensor& master_weights,
+                               const std::vector<std::pair<std::string, torch::Tensor>>& optimizer,
+                               const torch::Tensor& rng_state) {
+  NamedTensors tensors;
+  if (params.defined()) tensors.emplace_back("params", params);
+  if (master_weights.defined()) tensors.emplace_back("master_weights", master_weights);
+  for (const auto& [name, t] : optimizer) tensors.emplace_back("optimizer." + name, t);
+  tensors.emplace_back("rng_state", rng_state);
+  return tensors;
+}
+
+SavedCheckpoint SavedCheckpoint::open(const std::string& path) {
+  AUTOTP_USER_CHECK(fs::is_directory(path), "checkpoint {}: no such directory", path);
+  std::string dir = path;
+  const fs::path latest = fs::path(path) / kCheckpointLatestFile;
+  if (!fs::exists(fs::path(path) / kCheckpointMetadataFile)) {
+    AUTOTP_USER_CHECK(fs::exists(latest), "checkpoint {}: neither {} (a step directory) nor {} (a checkpoint root)",
+                      path, kCheckpointMetadataFile, kCheckpointLatestFile);
+    const std::string step = trim(read_text(latest.string()));
+    AUTOTP_USER_CHECK(!step.empty() && step.find('/') == std::string::npos, "{}: does not name a step directory",
+                      latest.string());
+    dir = (fs::path(path) / step).string();
+    AUTOTP_USER_CHECK(fs::is_directory(dir), "{}: names {}, which does not exist", latest.string(), dir);
+  }
+  SavedCheckpoint ckpt;
+  ckpt.dir_ = dir;
+  const std::string meta_path = (fs::path(dir) / kCheckpointMetadataFile).string();
+  AUTOTP_USER_CHECK(fs::exists(meta_path), "checkpoint {}: no {} (an incomplete save?)", dir, kCheckpointMetadataFile);
+  ckpt.meta_ = CheckpointMetadata::from_json(read_json_file(meta_path, "checkpoint metadata"), meta_path);
+  for (int t = 0; t < ckpt.meta_.tp; ++t) ckpt.layouts_.push_back(ckpt.meta_.layout(t));
+  for (int t = 0; t < ckpt.meta_.tp; ++t)
+    for (int d = 0; d < ckpt.meta_.dp; ++d) {
+      bool listed = false;
+      for (const auto& f : ckpt.meta_.files) listed |= f.tp_rank == t && f.dp_rank == d;
+      AUTOTP_USER_CHECK(listed, "{}: lists no file for tp rank {} dp rank {}", meta_path, t, d);
+    }
+  return ckpt;
+}
+
+std::string SavedCheckpoint::check_file(size_t index) const {
+  const CheckpointFile& f = meta_.files.at(index);
+  const std::string path = (fs::path(dir_) / f.name).string();
+  if (!fs::exists(path)) return fmt::format("{}: missing (the checkpoint lists it in {})", path, kCheckpointMetadataFile);
+  const uint64_t size = fs::file_size(path);
+  if (size != f.bytes)
+    return fmt::format("{}: {} bytes, the checkpoint recorded {} (truncated or overwritten)", path, size, f.bytes);
+  const FileChecksum sum = checksum_file(path);
+  if (sum.crc32 != f.crc32)
+    return fmt::format("{}: CRC-32 {:08x} does not match the recorded {:08x} (the file is corrupt)", path, sum.crc32,
+                       f.crc32);
+  return "";
+}
+
+void SavedCheckpoint::verify() const {
+  for (size_t i = 0; i < meta_.files.size(); ++i) {
+    std::string problem = check_file(i);
+    if (!problem.empty()) throw UserError(problem);
+  }
+}
+
+const SafetensorsFile& SavedCheckpoint::file(int tp_rank, int dp_rank) const {
+  const std::string name = rank_file_name(tp_rank, dp_rank);
+  auto& slot = open_[name];
+  if (!slot) slot = SafetensorsFile::open((fs::path(dir_) / name).string());
+  return *slot;
+}
+
+std::string SavedCheckpoint::state_name(const std::string& state) const {
+  if (state == "master") return meta_.mixed_precision() ? "master_weights" : "params";
+  return state;
+}
+
+torch::Tensor SavedCheckpoint::read_flat(int tp_rank, const std::string& state, int64_t begin, int64_t length) const {
+  const std::string name = state_name(state);
+  const FlatLayout& layout = layouts_.at(tp_rank);
+  TORCH_CHECK(begin >= 0 && begin + length <= layout.padded, "SavedCheckpoint::read_flat: [", begin, ", +", length,
+              ") outside the flat buffer of ", layout.padded);
+  std::vector<torch::Tensor> pieces;
+  const int holders = meta_.stage == 0 ? 1 : meta_.dp;  // stage 0: dp 0 holds the whole buffer
+  for (int d = 0; d < holders; ++d) {
+    const int64_t lo = std::max(begin, layout.part_offset(d));
+    const int64_t hi = std::min(begin + length, layout.part_offset(d) + layout.part);
+    if (hi <= lo) continue;
+    const SafetensorsFile& f = file(tp_rank, d);
+    AUTOTP_USER_CHECK(f.contains(name), "{}: has no tensor '{}'", f.path(), name);
+    AUTOTP_USER_CHECK(f.info(name).shape == std::vector<int64_t>{layout.part},
+                      "{}: tensor '{}' does not have the partition size {} of the metadata", f.path(), name,
+                      layout.part);
+    pieces.push_back(f.read_slice(name, 0, lo - layout.part_offset(d), hi - lo, torch::kFloat32));
+  }
+  if (pieces.empty()) return torch::zeros({0}, torch::kFloat32);
+  return pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
+}
+
+torch::Tensor SavedCheckpoint::read_local(size_t index, int tp_rank, const std::string& state) const {
+  const ShardSpec& spec = meta_.tensors.at(index).spec;
+  return read_flat(tp_rank, state, layouts_.at(tp_rank).offsets[index], spec.local_numel(tp_rank))
+      .view(spec.local_shape(tp_rank));
+}
+
+torch::Tensor SavedCheckpoint::read_full(size_t index, const std::string& state) const {
+  const ShardSpec& spec = meta_.tensors.at(index).spec;
+  if (spec.is_replicated()) return read_local(index, 0, state);
+  auto full = torch::empty(spec.global_shape(), torch::kFloat32);
+  for (int t = 0; t < meta_.tp; ++t) spec.place(full, read_local(index, t, state), t);
+  return full;
+}
+
+torch::Tensor SavedCheckpoint::read_rng_state(int rank) const {
+  const int world = meta_.tp * meta_.dp;
+  const int r = rank < world ? rank : 0;
+  return file(r % meta_.tp, r / meta_.tp).read("rng_state");
+}
+
+torch::Tensor SavedCheckpoint::assemble(const std::string& state,
+                                        const std::vector<std::pair<std::string, const ShardSpec*>>& specs,
+                                        int tp_rank, const FlatLayout& layout, int64_t begin, int64_t end) const {
+  auto out = torch::zeros({end - begin}, torch::kFloat32);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t lo = std::max(begin, layout.offsets[i]);
+    const int64_t hi = std::min(end, layout.offsets[i] + layout.numels[i]);
+    if (hi <= lo) continue;
+    const auto& [name, spec] = specs[i];
+    auto found = meta_.find(name);
+    TORCH_CHECK(found, "SavedCheckpoint::assemble: no tensor '", name, "' (compatibility is checked before)");
+    torch::Tensor local;
+    if (meta_.tensors[*found].spec == *spec)  // same cut: read the saved shard directly
+      local = read_local(*found, tp_rank, state);
+    else
+      local = spec->slice(read_full(*found, state), tp_rank);
+    out.narrow(0, lo - begin, hi - lo).copy_(local.reshape({-1}).narrow(0, lo - layout.offsets[i], hi - lo));
+  }
+  return out;
+}
+
+std::string prepare_staging(const std::string& root, int64_t step) {
+  std::error_code error;
+  fs::create_directories(root, error);
+  AUTOTP_USER_CHECK(!error, "{}: cannot create directory: {}", root, error.message());
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".step_", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
+      fs::remove_all(entry.path(), error);  // an interrupted save
+  }
+  const std::string staging = (fs::path(root) / fmt::format(".{}.partial", step_dir_name(step))).string();
+  fs::create_directories(staging, error);
+  AUTOTP_USER_CHECK(!error, "{}: cannot create directory: {}", staging, error.message());
+  return staging;
+}
+
+void commit_checkpoint(const std::string& root, const std::string& staging, const CheckpointMetadata& metadata,
+                       const std::function<void()>& after_metadata, const std::function<void()>& after_rename) {
+  write_text_file_atomic((fs::path(staging) / kCheckpointMetadataFile).string(), metadata.to_json().dump(1) + "\n");
+  if (after_metadata) after_metadata();
+  const std::string name = step_dir_name(metadata.step);
+  const fs::path final_dir = fs::path(root) / name;
+  std::error_code error;
+  if (fs::exists(final_dir)) {
+    // Re-saving a step (e.g. after a resume): the old one goes only once the new one is complete.
+    const fs::path old = fs::path(root) / fmt::format(".{}.old.{}", name, ::getpid());
+    fs::rename(final_dir, old, error);
+    AUTOTP_USER_CHECK(!error, "{}: cannot move aside: {}", final_dir.string(), error.message());
+    fs::rename(staging, final_dir, error);
+    AUTOTP_USER_CHECK(!error, "{}: cannot rename {} to it: {}", final_dir.string(), staging, error.message());
+    fs::remove_all(old, error);
+  } else {
+    fs::rename(staging, final_dir, error);
+    AUTOTP_USER_CHECK(!error, "{}: cannot rename {} to it: {}", final_dir.string(), staging, error.message());
+  }
+  if (after_rename) after_rename();
+  write_text_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), name + "\n");
+}
+
+}  // namespace autotp::io

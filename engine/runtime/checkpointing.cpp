@@ -1,0 +1,335 @@
+#include "autotp/runtime/checkpointing.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "autotp/io/checksum.h"
+#include "autotp/io/hf_writer.h"
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+#include "autotp/tp/parallel_layers.h"
+
+namespace autotp {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int64_t kMessageBytes = 1024;  // room for one file problem in the verification exchange
+
+std::vector<std::string> optimizer_state_names(const PartitionState& state) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : state.optimizer) names.push_back(name);
+  return names;
+}
+
+torch::Tensor rng_state() { return at::detail::getDefaultCPUGenerator().get_state(); }
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_list(const std::vector<io::CheckpointTensor>& tensors) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> list;
+  for (const auto& t : tensors) list.emplace_back(t.name, t.spec.global_shape());
+  return list;
+}
+
+std::vector<io::CheckpointTensor> model_tensors(CausalLM& model) {
+  std::vector<io::CheckpointTensor> tensors;
+  for (auto& p : model.parameters()) tensors.push_back({p.name(), p.spec()});
+  return tensors;
+}
+
+// The metadata of the trainer's state (files filled in by the caller).
+io::CheckpointMetadata trainer_metadata(Trainer& trainer) {
+  io::CheckpointMetadata m;
+  auto& topo = trainer.topology();
+  auto& zero = trainer.optimizer();
+  TrainerState state = trainer.state();
+  PartitionState partition = zero.partition_state();
+  m.step = state.steps_done;
+  m.tp = topo.tp_size();
+  m.dp = topo.dp_size();
+  m.stage = zero.stage();
+  m.dtype = hf_dtype_name(trainer.model().dtype());
+  m.tensors = model_tensors(trainer.model());
+  m.optimizer_states = optimizer_state_names(partition);
+  m.model_config = trainer.model().config().raw;
+  m.train_config = trainer.config().to_json();
+  m.trainer = {{"steps", state.steps_done},
+               {"applied_steps", state.applied_steps},
+               {"optimizer", trainer.config().optimizer.type},
+               {"optimizer_steps", partition.optimizer_steps},
+               {"scheduler", {{"type", trainer.config().scheduler.type}, {"last_step", state.applied_steps}}}};
+  if (trainer.sampler())
+    m.sampler = {{"epoch", state.sampler.epoch},
+                 {"offset", state.sampler.offset},
+                 {"dataset_size", trainer.dataset()->size()},
+                 {"seed", trainer.config().seed},
+                 {"shuffle", trainer.shuffle()}};
+  LossScalerState scaler = zero.loss_scaler_state();
+  m.loss_scaler = {{"loss_scale", scaler.loss_scale},
+                   {"good_steps", scaler.good_steps},
+                   {"hysteresis_left", scaler.hysteresis_left}};
+  return m;
+}
+
+// Every rank checks files rank, rank + world, ...; all learn the first problem.
+void verify_collectively(const io::SavedCheckpoint& ckpt, Comm& world) {
+  std::string mine;
+  for (size_t i = world.rank(); i < ckpt.metadata().files.size() && mine.empty(); i += world.size())
+    mine = ckpt.check_file(i);
+  auto message = torch::zeros({1, kMessageBytes}, torch::kUInt8);
+  std::memcpy(message.data_ptr(), mine.data(), std::min<size_t>(mine.size(), kMessageBytes - 1));
+  auto all = world.all_gather(message, 0);
+  for (int r = 0; r < world.size(); ++r) {
+    std::string problem(reinterpret_cast<const char*>(all[r].data_ptr()));
+    if (!problem.empty()) throw UserError(problem);
+  }
+}
+
+void check_model_matches(const io::SavedCheckpoint& ckpt, CausalLM& model) {
+  const auto& meta = ckpt.metadata();
+  const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
+  for (auto& p : model.parameters()) {
+    auto found = meta.find(p.name());
+    AUTOTP_USER_CHECK(found, "{}: the checkpoint has no tensor '{}' (was it saved from another model?)", where,
+                      p.name());
+    const auto& saved = meta.tensors[*found].spec.global_shape();
+    AUTOTP_USER_CHECK(saved == p.spec().global_shape(),
+                      "{}: tensor '{}' has shape [{}] in the checkpoint but [{}] in the model", where, p.name(),
+                      fmt::join(saved, ", "), fmt::join(p.spec().global_shape(), ", "));
+  }
+  AUTOTP_USER_CHECK(meta.tensors.size() == model.parameters().size(),
+                    "{}: the checkpoint has {} tensors, the model {} (was it saved from another model?)", where,
+                    meta.tensors.size(), model.parameters().size());
+}
+
+// fp32 master values and optimizer states for a partition of a target layout.
+struct AssembledPartition {
+  torch::Tensor master;
+  std::map<std::string, torch::Tensor> optimizer;
+};
+AssembledPartition assemble_partition(const io::SavedCheckpoint& ckpt,
+                                      const std::vector<std::pair<std::string, const ShardSpec*>>& specs,
+                                      int tp_rank, const FlatLayout& layout, int dp_rank,
+                                      const std::vector<std::string>& optimizer_states) {
+  const int64_t begin = layout.part_offset(dp_rank), end = begin + layout.part;
+  AssembledPartition part;
+  part.master = ckpt.assemble("master", specs, tp_rank, layout, begin, end);
+  for (const auto& name : optimizer_states)
+    part.optimizer[name] = ckpt.assemble("optimizer." + name, specs, tp_rank, layout, begin, end);
+  return part;
+}
+
+torch::ScalarType export_dtype(const ExportOptions& options, torch::ScalarType training) {
+  torch::ScalarType dtype = options.dtype.value_or(training);
+  AUTOTP_USER_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16,
+                    "export dtype {} is not allowed (allowed: f32, bf16, f16)", c10::toString(dtype));
+  return dtype;
+}
+
+}  // namespace
+
+std::string save_checkpoint(Trainer& trainer, const std::string& root, const SaveOptions& options) {
+  torch::NoGradGuard no_grad;
+  auto& topo = trainer.topology();
+  Comm& world = topo.world();
+  io::CheckpointMetadata meta = trainer_metadata(trainer);
+  const auto hook = [&](SavePhase phase) {
+    if (options.fault_hook) options.fault_hook(phase);
+  };
+  // Rank 0 prepares the staging directory before anyone writes into it.
+  std::string staging = (fs::path(root) / fmt::format(".{}.partial", io::step_dir_name(meta.step))).string();
+  if (topo.rank() == 0) staging = io::prepare_staging(root, meta.step);
+  world.barrier();
+
+  // Every rank writes its partition (at stage 0 only dp rank 0: the others hold copies).
+  PartitionState partition = trainer.optimizer().partition_state();
+  const bool holds_states = meta.stage > 0 || topo.dp_rank() == 0;
+  torch::Tensor no_tensor;
+  auto tensors = io::rank_file_tensors(holds_states ? partition.params : no_tensor,
+                                       holds_states ? partition.master_weights : no_tensor,
+                                       holds_states ? partition.optimizer
+                                                    : std::vector<std::pair<std::string, torch::Tensor>>{},
+                                       rng_state());
+  std::vector<io::SafetensorsWriter::Entry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.scalar_type(), t.sizes().vec()});
+  const std::string file_name = io::rank_file_name(topo.tp_rank(), topo.dp_rank());
+  io::SafetensorsWriter writer((fs::path(staging) / file_name).string(), entries);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    writer.write(tensors[i].second);
+    if (i == 0 && tensors.size() > 1) hook(SavePhase::kRankFilePartlyWritten);
+  }
+  const uint32_t crc = writer.commit();
+  auto record = torch::tensor({static_cast<int64_t>(crc), static_cast<int64_t>(writer.bytes_written())}, torch::kLong);
+  auto records = world.all_gather(record.view({1, 2}), 0);
+  for (int r = 0; r < topo.world_size(); ++r) {
+    const auto c = Topology::coordinates(r, topo.tp_size());
+    meta.files.push_back({io::rank_file_name(c.tp_rank, c.dp_rank), c.tp_rank, c.dp_rank,
+                          static_cast<uint32_t>(records[r][0].item<int64_t>()),
+                          static_cast<uint64_t>(records[r][1].item<int64_t>())});
+  }
+  hook(SavePhase::kRankFilesWritten);
+
+  if (options.gather_16bit_weights) {
+    ExportOptions export_options;
+    const auto dtype = trainer.model().dtype();
+    export_options.dtype = dtype == torch::kFloat32 ? torch::kBFloat16 : dtype;
+    export_hf(trainer, (fs::path(staging) / "hf_model").string(), export_options);
+  }
+  if (topo.rank() == 0)
+    io::commit_checkpoint(
+        root, staging, meta, [&] { hook(SavePhase::kMetadataWritten); }, [&] { hook(SavePhase::kRenamed); });
+  world.barrier();  // nobody goes on (or reads `latest`) before the save is complete
+  const std::string dir = (fs::path(root) / io::step_dir_name(meta.step)).string();
+  log().info("saved checkpoint {} (tp {}, dp {}, ZeRO stage {})", dir, meta.tp, meta.dp, meta.stage);
+  return dir;
+}
+
+int64_t load_checkpoint(Trainer& trainer, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  auto& topo = trainer.topology();
+  auto ckpt = io::SavedCheckpoint::open(path);
+  const auto& meta = ckpt.metadata();
+  const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
+  check_model_matches(ckpt, trainer.model());
+  const auto wanted = optimizer_state_names(trainer.optimizer().partition_state());
+  AUTOTP_USER_CHECK(wanted == meta.optimizer_states,
+                    "{}: the checkpoint holds optimizer states [{}] (optimizer {}), the config's optimizer {} "
+                    "needs [{}]",
+                    where, fmt::join(meta.optimizer_states, ", "), meta.trainer.value("optimizer", "?"),
+                    trainer.config().optimizer.type, fmt::join(wanted, ", "));
+  verify_collectively(ckpt, topo.world());
+
+  std::vector<std::pair<std::string, const ShardSpec*>> specs;
+  for (auto& p : trainer.model().parameters()) specs.emplace_back(p.name(), &p.spec());
+  const FlatLayout& layout = trainer.optimizer().layout();
+  auto part = assemble_partition(ckpt, specs, topo.tp_rank(), layout, topo.dp_rank(), meta.optimizer_states);
+  trainer.optimizer().load_partition_state(part.master, part.optimizer,
+                                           meta.trainer.at("optimizer_steps").get<int64_t>());
+  trainer.optimizer().set_loss_scaler_state({meta.loss_scaler.at("loss_scale").get<double>(),
+                                             meta.loss_scaler.at("good_steps").get<int64_t>(),
+                                             meta.loss_scaler.at("hysteresis_left").get<int>()});
+  TrainerState state;
+  state.steps_done = meta.trainer.at("steps").get<int64_t>();
+  state.applied_steps = meta.trainer.at("applied_steps").get<int64_t>();
+  if (trainer.sampler()) {
+    AUTOTP_USER_CHECK(!meta.sampler.is_null(), "{}: the checkpoint has no data position (saved without a dataset)",
+                      where);
+    state.sampler.epoch = meta.sampler.at("epoch").get<int64_t>();
+    state.sampler.offset = meta.sampler.at("offset").get<int64_t>();
+    const int64_t size = meta.sampler.at("dataset_size").get<int64_t>();
+    if (size != trainer.dataset()->size() || meta.sampler.at("seed").get<uint64_t>() != trainer.config().seed ||
+        meta.sampler.at("shuffle").get<bool>() != trainer.shuffle())
+      log().warn("resuming with other data settings than the checkpoint's (examples {} vs {}, seed {} vs {}, "
+                 "shuffle {} vs {}): the data order will differ from the uninterrupted run",
+                 trainer.dataset()->size(), size, trainer.config().seed, meta.sampler.at("seed").get<uint64_t>(),
+                 trainer.shuffle(), meta.sampler.at("shuffle").get<bool>());
+  }
+  trainer.restore(state);
+  at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the default one
+  generator.set_state(ckpt.read_rng_state(topo.rank()));
+  log().info("resumed from {} at step {} (saved at tp {}, dp {}, ZeRO stage {}; now tp {}, dp {}, stage {})",
+             ckpt.dir(), state.steps_done, meta.tp, meta.dp, meta.stage, topo.tp_size(), topo.dp_size(),
+             trainer.optimizer().stage());
+  return state.steps_done;
+}
+
+void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& options) {
+  torch::NoGradGuard no_grad;
+  auto& topo = trainer.topology();
+  auto& model = trainer.model();
+  const auto tensors = model_tensors(model);
+  std::unique_ptr<io::HfModelWriter> writer;
+  if (topo.rank() == 0)
+    writer = std::make_unique<io::HfModelWriter>(dir, model.config().raw, hf_tensor_list(tensors),
+                                                 export_dtype(options, model.dtype()), options.max_shard_bytes);
+  const FlatLayout& layout = trainer.optimizer().layout();
+  const int tp_rank = topo.tp_rank();
+  for (size_t i = 0; i < model.parameters().size(); ++i) {
+    const Parameter& p = model.parameters()[i];
+    // This tp rank's shard gathered over dp, then (dp group 0 only) the whole tensor over tp.
+    auto local = trainer.optimizer()
+                     .gather_master(layout.offsets[i], layout.offsets[i] + layout.numels[i])
+                     .view(p.spec().local_shape(tp_rank));
+    if (topo.dp_rank() != 0) continue;
+    auto full = gather_full(p.spec(), local, topo.tp());
+    if (writer) writer->write(p.name(), full);
+  }
+  if (writer) {
+    writer->finish();
+    log().info("exported {} ({} tensors, {:.1f} MB)", dir, tensors.size(), writer->total_bytes() / 1e6);
+  }
+  topo.world().barrier();
+}
+
+void export_hf(const io::SavedCheckpoint& ckpt, const std::string& dir, const ExportOptions& options) {
+  torch::NoGradGuard no_grad;
+  const auto& meta = ckpt.metadata();
+  io::HfModelWriter writer(dir, meta.model_config, hf_tensor_list(meta.tensors),
+                           export_dtype(options, parse_dtype(meta.dtype)), options.max_shard_bytes);
+  for (size_t i = 0; i < meta.tensors.size(); ++i) writer.write(meta.tensors[i].name, ckpt.read_full(i, "master"));
+  writer.finish();
+}
+
+std::string reshard_checkpoint(const io::SavedCheckpoint& ckpt, int tp, int dp, int stage,
+                               const std::string& out_root) {
+  torch::NoGradGuard no_grad;
+  const auto& old = ckpt.metadata();
+  AUTOTP_USER_CHECK(dp >= 1, "--dp {} is not allowed (at least 1)", dp);
+  AUTOTP_USER_CHECK(stage >= 0 && stage <= 3, "--stage {} is not allowed (allowed: 0, 1, 2, 3)", stage);
+  AUTOTP_USER_CHECK(fs::weakly_canonical(out_root) != fs::weakly_canonical(ckpt.dir()) &&
+                        fs::weakly_canonical(out_root) != fs::weakly_canonical(fs::path(ckpt.dir()).parent_path()),
+                    "--out {} is the checkpoint being read; choose another directory", out_root);
+  ckpt.verify();
+  auto config = TrainConfig::from_json(old.train_config, (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string());
+  TpPlanOptions plan_options;
+  plan_options.tp_size = tp;
+  plan_options.layer_specs = config.tensor_parallel.layer_specs;
+  const TpPlan plan = TpPlan::build(ModelConfig::from_json(old.model_config, "checkpoint model_config"), plan_options);
+
+  io::CheckpointMetadata meta = old;
+  meta.tp = tp;
+  meta.dp = dp;
+  meta.stage = stage;
+  meta.tensors.clear();
+  std::vector<std::pair<std::string, const ShardSpec*>> specs;
+  for (const auto& e : plan.entries()) {
+    meta.tensors.push_back({e.desc.name, e.spec});
+    specs.emplace_back(e.desc.name, &e.spec);
+    AUTOTP_USER_CHECK(old.find(e.desc.name), "checkpoint {}: has no tensor '{}'", ckpt.dir(), e.desc.name);
+  }
+  meta.files.clear();
+  // The config travels along for reference; a resume uses the config it is given.
+  meta.train_config["tensor_parallel"]["autotp_size"] = tp;
+  meta.train_config["zero_optimization"]["stage"] = stage;
+  const int64_t tbs = meta.train_config.value("train_batch_size", int64_t{0});
+  const int64_t gas = meta.train_config.value("gradient_accumulation_steps", int64_t{1});
+  if (tbs > 0 && tbs % (gas * dp) == 0) meta.train_config["train_micro_batch_size_per_gpu"] = tbs / (gas * dp);
+
+  const torch::ScalarType dtype = parse_dtype(old.dtype);
+  const std::string staging = io::prepare_staging(out_root, meta.step);
+  for (int t = 0; t < tp; ++t) {
+    const FlatLayout layout = meta.layout(t);
+    for (int d = 0; d < dp; ++d) {
+      torch::Tensor params, master;
+      std::vector<std::pair<std::string, torch::Tensor>> optimizer;
+      if (stage > 0 || d == 0) {
+        auto part = assemble_partition(ckpt, specs, t, layout, d, old.optimizer_states);
+        params = part.master.to(dtype);
+        if (meta.mixed_precision()) master = part.master;
+        for (const auto& name : old.optimizer_states) optimizer.emplace_back(name, part.optimizer[name]);
+      }
+      const std::string name = io::rank_file_name(t, d);
+      const std::string path = (fs::path(staging) / name).string();
+      io::write_safetensors(path, io::rank_file_tensors(params, master, optimizer, ckpt.read_rng_state(d * tp + t)));
+      const auto sum = io::checksum_file(path);
+      meta.files.push_back({name, t, d, sum.crc32, sum.bytes});
+    }
+  }
+  io::commit_checkpoint(out_root, staging, meta);
+  return (fs::path(out_root) / io::step_dir_name(meta.step)).string();
+}
+
+}  // namespace autotp
