@@ -162,6 +162,7 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
     if (i == 0 && tensors.size() > 1) hook(SavePhase::kRankFilePartlyWritten);
   }
   const uint32_t crc = writer.commit();
+  hook(SavePhase::kRankFileWritten);
   auto record = torch::tensor({static_cast<int64_t>(crc), static_cast<int64_t>(writer.bytes_written())}, torch::kLong);
   auto records = world.all_gather(record.view({1, 2}), 0);
   for (int r = 0; r < topo.world_size(); ++r) {
@@ -170,7 +171,6 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
                           static_cast<uint32_t>(records[r][0].item<int64_t>()),
                           static_cast<uint64_t>(records[r][1].item<int64_t>())});
   }
-  hook(SavePhase::kRankFilesWritten);
 
   if (options.gather_16bit_weights) {
     ExportOptions export_options;

@@ -16,7 +16,8 @@ namespace autotp {
 // Points in a save where a test's fault hook runs (on every rank).
 enum class SavePhase {
   kRankFilePartlyWritten,  // this rank's file has its header and first tensor, not the rest
-  kRankFilesWritten,       // every rank file complete, no metadata yet (rank 0 only from here)
+  kRankFileWritten,        // this rank's file complete, not yet reported to rank 0
+  // rank 0 only from here:
   kMetadataWritten,        // metadata.json in the staging directory, not renamed yet
   kRenamed,                // step_<N> in place, `latest` not updated yet
 };
