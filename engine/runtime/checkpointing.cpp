@@ -10,6 +10,7 @@
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
+#include "autotp/runtime/memory_counter.h"
 #include "autotp/tp/parallel_layers.h"
 
 namespace autotp {
@@ -247,6 +248,9 @@ void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& op
                                                  export_dtype(options, model.dtype()), options.max_shard_bytes);
   const FlatLayout& layout = trainer.optimizer().layout();
   const int tp_rank = topo.tp_rank();
+  reset_memory_peak();
+  const int64_t at_start = memory_counts().current;
+  int64_t largest = 0;
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const Parameter& p = model.parameters()[i];
     // This tp rank's shard gathered over dp, then (dp group 0 only) the whole tensor over tp.
@@ -255,11 +259,15 @@ void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& op
                      .view(p.spec().local_shape(tp_rank));
     if (topo.dp_rank() != 0) continue;
     auto full = gather_full(p.spec(), local, topo.tp());
+    largest = std::max<int64_t>(largest, full.numel() * full.element_size());
     if (writer) writer->write(p.name(), full);
   }
   if (writer) {
     writer->finish();
-    log().info("exported {} ({} tensors, {:.1f} MB)", dir, tensors.size(), writer->total_bytes() / 1e6);
+    // The extra memory of the export: about the largest tensor (gathered, plus its cast and pieces).
+    log().info("exported {} ({} tensors, {:.2f} MB; rank 0 peak extra memory {:.2f} MB, largest tensor {:.2f} MB)",
+               dir, tensors.size(), writer->total_bytes() / 1e6, (memory_counts().peak - at_start) / 1e6,
+               largest / 1e6);
   }
   topo.world().barrier();
 }
