@@ -17,14 +17,6 @@ namespace fs = std::filesystem;
 constexpr const char* kSingleFileName = "model.safetensors";
 constexpr const char* kIndexFileName = "model.safetensors.index.json";
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  AUTOTP_USER_CHECK(stream.good(), "{}: cannot open", path);
-  std::ostringstream content;
-  content << stream.rdbuf();
-  return content.str();
-}
-
 uint64_t tensor_bytes(const torch::Tensor& tensor) { return tensor.numel() * tensor.element_size(); }
 
 const SafetensorsFile& file_holding(const std::map<std::string, std::shared_ptr<SafetensorsFile>>& file_of,
@@ -35,6 +27,14 @@ const SafetensorsFile& file_holding(const std::map<std::string, std::shared_ptr<
 }
 
 }  // namespace
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  AUTOTP_USER_CHECK(stream.good(), "{}: cannot open", path);
+  std::ostringstream content;
+  content << stream.rdbuf();
+  return content.str();
+}
 
 CheckpointReader CheckpointReader::open(const std::string& dir) {
   CheckpointReader reader;

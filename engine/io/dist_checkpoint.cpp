@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "autotp/io/checksum.h"
 #include "autotp/runtime/error.h"
@@ -21,14 +19,6 @@ std::string trim(std::string s) {
   size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   return s.substr(i);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  AUTOTP_USER_CHECK(in.good(), "{}: cannot open", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 }  // namespace
@@ -126,7 +116,7 @@ SavedCheckpoint SavedCheckpoint::open(const std::string& path) {
   if (!fs::exists(fs::path(path) / kCheckpointMetadataFile)) {
     AUTOTP_USER_CHECK(fs::exists(latest), "checkpoint {}: neither {} (a step directory) nor {} (a checkpoint root)",
                       path, kCheckpointMetadataFile, kCheckpointLatestFile);
-    const std::string step = trim(read_text(latest.string()));
+    const std::string step = trim(read_text_file(latest.string()));
     AUTOTP_USER_CHECK(!step.empty() && step.find('/') == std::string::npos, "{}: does not name a step directory",
                       latest.string());
     dir = (fs::path(path) / step).string();

@@ -107,6 +107,9 @@ class SafetensorsWriter {
   std::function<void(uint64_t)> hook_;
 };
 
+// The whole content of a small text file; UserError "PATH: cannot open".
+std::string read_text_file(const std::string& path);
+
 // Atomic write of a small text file (temporary name + rename).
 void write_text_file_atomic(const std::string& path, const std::string& content);
 
