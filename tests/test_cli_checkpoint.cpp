@@ -40,15 +40,6 @@ json ds_config(int tp, int stage, const std::string& optimizer = "AdamW") {
           {"tensor_parallel", {{"autotp_size", tp}}}};
 }
 
-std::vector<json> read_lines(const std::string& path) {
-  std::vector<json> lines;
-  std::istringstream in(test::read_file(path));
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) lines.push_back(json::parse(line));
-  return lines;
-}
-
 // Every file under `dir` with its CRC-32: a fingerprint to show nothing changed.
 std::map<std::string, uint32_t> fingerprint(const std::string& dir) {
   std::map<std::string, uint32_t> files;
@@ -122,7 +113,7 @@ TEST_P(CliReshard, ContinuedLossesMatchTheUninterruptedRun) {
   }
   auto second = train(dst, c.dst_world, 6, "--resume " + resume_from + " --metrics " + dir_ + "/resumed.jsonl");
   ASSERT_EQ(second.exit_code, 0) << second.output;
-  auto want = read_lines(dir_ + "/full.jsonl"), got = read_lines(dir_ + "/resumed.jsonl");
+  auto want = test::read_json_lines(dir_ + "/full.jsonl"), got = test::read_json_lines(dir_ + "/resumed.jsonl");
   ASSERT_EQ(want.size(), 6u);
   ASSERT_EQ(got.size(), 3u);
   double worst = 0;

@@ -38,15 +38,6 @@ std::string text_corpus() {
   return text;  // about 3.2 KB: ~100 examples of 33 tokens
 }
 
-std::vector<json> read_lines(const std::string& path) {
-  std::vector<json> lines;
-  std::istringstream in(test::read_file(path));
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) lines.push_back(json::parse(line));
-  return lines;
-}
-
 void expect_metrics(const std::vector<json>& lines, int tp, int dp, int stage) {
   ASSERT_EQ(lines.size(), 3u);
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -100,7 +91,7 @@ TEST_F(CliTrain, Tp2WritesOneMetricsLinePerStep) {
   auto r = run_cli("train --config " + cfg + " --model preset:llama-tiny --data " + text_ + " --seq-len 32 --steps 3 " +
                    "--nproc 2 --metrics " + dir_ + "/m.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  expect_metrics(read_lines(dir_ + "/m.jsonl"), 2, 1, 1);
+  expect_metrics(test::read_json_lines(dir_ + "/m.jsonl"), 2, 1, 1);
 }
 
 TEST_F(CliTrain, Tp1Stage3WritesOneMetricsLinePerStep) {
@@ -108,7 +99,7 @@ TEST_F(CliTrain, Tp1Stage3WritesOneMetricsLinePerStep) {
   auto r = run_cli("train --config " + cfg + " --model preset:llama-tiny --data " + text_ + " --seq-len 32 --steps 3 " +
                    "--nproc 2 --metrics " + dir_ + "/m.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto lines = read_lines(dir_ + "/m.jsonl");
+  auto lines = test::read_json_lines(dir_ + "/m.jsonl");
   expect_metrics(lines, 1, 2, 3);
   // Stage 3 partitions the parameters: each rank holds half of the (padded) buffer.
   if (lines.size() == 3u) {
@@ -132,7 +123,7 @@ TEST_F(CliTrain, FirstLossIsTheSameAtTp1AndTp2WithoutShuffling) {
     auto r = run_cli("train --config " + cfg + " --model preset:llama-tiny --data " + data +
                      " --no-shuffle --steps 1 --nproc 2 --metrics " + metrics);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    auto lines = read_lines(metrics);
+    auto lines = test::read_json_lines(metrics);
     ASSERT_EQ(lines.size(), 1u);
     EXPECT_EQ(lines[0]["layout"]["tp"], tp);
     EXPECT_EQ(lines[0]["tokens"], 4 * 16);

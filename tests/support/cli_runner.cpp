@@ -32,4 +32,13 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(read_file(path));
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
 }  // namespace autotp::test
