@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 
+#include "autotp/io/safetensors.h"
 #include "autotp/runtime/error.h"
 
 namespace autotp {
@@ -128,6 +129,18 @@ std::unique_ptr<CausalLM> load_model(const ModelSource& source, const TpPlan& pl
     model->init_random(seed);
   }
   return model;
+}
+
+void write_model_dir(const ModelSource& source, const std::string& dir, torch::ScalarType dtype, uint64_t seed) {
+  Comm self;
+  auto model = load_model(source, TpPlan::build(source.config, TpPlanOptions{}), self, dtype, seed);
+  ::mkdir(dir.c_str(), 0755);
+  nlohmann::json config = source.config.raw;
+  config["torch_dtype"] = hf_dtype_name(dtype);
+  io::NamedTensors tensors;
+  for (auto& p : model->parameters()) tensors.emplace_back(p.name(), p.tensor.detach());
+  io::write_checkpoint(dir, tensors);
+  io::write_text_file_atomic(dir + "/config.json", config.dump(2) + "\n");
 }
 
 torch::ScalarType parse_dtype(const std::string& name) {

@@ -38,18 +38,6 @@ size_t edit_distance(const std::string& a_in, const std::string& b_in) {
   return row[b.size()];
 }
 
-// The allowed key nearest to `key`, or "" when none is near enough to be a plausible typo.
-std::string closest_key(const std::string& key, const std::vector<std::string>& allowed) {
-  std::string best;
-  size_t best_distance = std::numeric_limits<size_t>::max();
-  for (const auto& candidate : allowed) {
-    size_t d = edit_distance(key, candidate);
-    if (d < best_distance) best_distance = d, best = candidate;
-  }
-  size_t tolerance = std::max<size_t>(2, std::max(key.size(), best.size()) / 3);
-  return best_distance <= tolerance ? best : "";
-}
-
 // Maps a case-insensitive name onto its canonical spelling; "" when it is none of them.
 std::string canonical_name(const std::string& name, const std::vector<std::string>& names) {
   for (const auto& n : names)
@@ -326,6 +314,17 @@ int64_t positive_or_unset(const Section& s, const std::string& key) {
 }
 
 }  // namespace
+
+std::string closest_key(const std::string& key, const std::vector<std::string>& allowed) {
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const auto& candidate : allowed) {
+    size_t d = edit_distance(key, candidate);
+    if (d < best_distance) best_distance = d, best = candidate;
+  }
+  size_t tolerance = std::max<size_t>(2, std::max(key.size(), best.size()) / 3);
+  return best_distance <= tolerance ? best : "";
+}
 
 TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   Section top(j, "", source, kTopKeys);

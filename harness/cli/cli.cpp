@@ -64,6 +64,7 @@ int run(int argc, char** argv) {
   register_train(app);
   register_export(app);
   register_reshard(app);
+  register_scenario(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

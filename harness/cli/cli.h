@@ -40,5 +40,6 @@ void register_plan(CLI::App& app);
 void register_train(CLI::App& app);
 void register_export(CLI::App& app);
 void register_reshard(CLI::App& app);
+void register_scenario(CLI::App& app);
 
 }  // namespace autotp::cli

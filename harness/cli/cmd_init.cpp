@@ -26,16 +26,7 @@ void register_init(CLI::App& app) {
     auto dtype = parse_dtype(args->dtype);
     AUTOTP_USER_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
                       "--dtype {} is not allowed for init (allowed: f32, bf16)", args->dtype);
-    Comm self;
-    TpPlanOptions plan_options;
-    auto model = load_model(source, TpPlan::build(source.config, plan_options), self, dtype, args->seed);
-    ::mkdir(args->out.c_str(), 0755);
-    nlohmann::json config = source.config.raw;
-    config["torch_dtype"] = hf_dtype_name(dtype);
-    io::NamedTensors tensors;
-    for (auto& p : model->parameters()) tensors.emplace_back(p.name(), p.tensor.detach());
-    io::write_checkpoint(args->out, tensors);
-    io::write_text_file_atomic(args->out + "/config.json", config.dump(2) + "\n");
+    write_model_dir(source, args->out, dtype, args->seed);
     std::cout << fmt::format("wrote {} ({} parameters, {}) to {}\n", source.label,
                              count_parameters(source.config), hf_dtype_name(dtype), args->out);
   });

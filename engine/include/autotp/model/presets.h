@@ -37,6 +37,11 @@ ModelSource resolve_model(const std::string& arg);
 std::unique_ptr<CausalLM> load_model(const ModelSource& source, const TpPlan& plan, Comm& tp,
                                      torch::ScalarType dtype, uint64_t seed, LoadReport* report = nullptr);
 
+// Writes an HF model directory (config.json with torch_dtype, model.safetensors
+// with HF names; tied heads not stored) holding the source's weights: a preset's
+// seeded random weights, or a directory's own. Used by `autotp init` and scenarios.
+void write_model_dir(const ModelSource& source, const std::string& dir, torch::ScalarType dtype, uint64_t seed);
+
 // "f32" | "fp32" | "float32" | "bf16" | "bfloat16" | "f16" | "fp16" | "float16".
 torch::ScalarType parse_dtype(const std::string& name);
 std::string hf_dtype_name(torch::ScalarType dtype);  // "float32", "bfloat16", "float16"

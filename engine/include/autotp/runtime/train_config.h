@@ -95,4 +95,9 @@ struct TrainConfig {
   nlohmann::json to_json() const;
 };
 
+// The allowed key nearest to `key` (case-insensitive edit distance), or ""
+// when none is near enough to be a plausible typo: the "did you mean" of every
+// strict JSON reader (configs, scenario files).
+std::string closest_key(const std::string& key, const std::vector<std::string>& allowed);
+
 }  // namespace autotp

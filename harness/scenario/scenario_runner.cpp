@@ -1,0 +1,481 @@
+#include "scenario/scenario_runner.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "autotp/comm/process_group.h"
+#include "autotp/io/safetensors.h"
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/trainer.h"
+#include "autotp/tp/tp_plan.h"
+#include "autotp/zero/zero_optimizer.h"
+#include "launcher/launcher.h"
+#include "scenario/scenario_checks.h"
+
+namespace autotp::scenario {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// mkdir -p.
+void make_dir(const std::string& path) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos; slash = path.find('/', slash + 1))
+    ::mkdir(path.substr(0, slash).c_str(), 0755);
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+    throw_user_error("{}: cannot create directory ({})", path, std::strerror(errno));
+}
+
+std::string format_duration(double seconds) {
+  int s = static_cast<int>(std::lround(std::max(0.0, seconds)));
+  return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02d}s", s / 60, s % 60);
+}
+
+std::vector<json> read_lines(const std::string& path) {
+  std::vector<json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    try {
+      lines.push_back(json::parse(line));
+    } catch (const json::exception&) {
+      break;  // a line being written
+    }
+  }
+  return lines;
+}
+
+int64_t count_lines(const std::string& path) {
+  std::ifstream in(path);
+  return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+}
+
+double quantile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  // Nearest rank: the smallest value with at least q of the values at or below it.
+  size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size())));
+  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+json state_bytes(const ModelStateBytes& b) {
+  return {{"params", b.params},
+          {"grads", b.grads},
+          {"master_weights", b.master_weights},
+          {"optimizer_states", b.optimizer_states},
+          {"total", b.total()}};
+}
+
+// The model-state formula of docs/memory.md for every rank of the variant.
+std::vector<ModelStateBytes> analytic_per_rank(const VariantSpec& v, const ModelSpec& model, int world) {
+  TpPlanOptions plan_options;
+  plan_options.tp_size = v.config.tensor_parallel.autotp_size;
+  plan_options.layer_specs = v.config.tensor_parallel.layer_specs;
+  auto numel = TpPlan::build(model.config, plan_options).rank_bytes(1);
+  const int tp = plan_options.tp_size;
+  std::vector<ModelStateBytes> out;
+  for (int r = 0; r < world; ++r)
+    out.push_back(ZeroOptimizer::analytic_bytes(numel[r % tp], world / tp, v.config.zero.stage,
+                                                training_dtype(v.config), v.config.optimizer));
+  return out;
+}
+
+// Runs a command (argv) and returns its stdout; stderr goes to `log_path`.
+std::pair<int, std::string> capture(const std::vector<std::string>& argv, const std::string& log_path) {
+  std::string command;
+  for (const auto& a : argv) {
+    std::string quoted = "'";
+    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    command += quoted + "' ";
+  }
+  command += "2>'" + log_path + "'";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {127, ""};
+  std::string out;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+class Runner {
+ public:
+  Runner(const ScenarioSpec& spec, const RunOptions& options) : spec_(spec), options_(options) {
+    exe_ = options.executable.empty() ? launcher::self_executable() : options.executable;
+    tty_ = isatty(STDERR_FILENO);
+  }
+
+  RunOutcome run() {
+    AUTOTP_USER_CHECK(!options_.out_dir.empty(), "scenario: no output directory (--out DIR)");
+    check_backend();
+    make_dir(options_.out_dir);
+    make_dir(options_.out_dir + "/variants");
+    auto start = Clock::now();
+    prepare_models();
+
+    json variants = json::array();
+    bool stop = false;
+    int index = 0;
+    const int total = static_cast<int>(spec_.variants.size());
+    for (const auto& v : spec_.variants) {
+      ++index;
+      json result = describe(v);
+      if (stop) {
+        result["status"] = "not_run";
+        result["error"] = "not run: an earlier variant failed (use --keep-going to run every variant)";
+      } else if (v.kind == "simulate") {
+        run_simulate(v, result);
+      } else {
+        run_train(v, result, index, total);
+      }
+      if (result["status"] == "failed" && !options_.keep_going) stop = true;
+      variants.push_back(std::move(result));
+      done_wall_s_ += variants.back().value("wall_s", 0.0);
+      ++done_;
+    }
+    compare_with_baselines(variants);
+
+    json checks = json::array();
+    bool passed = true;
+    for (const auto& check : spec_.checks) {
+      json outcome = evaluate_check(check, variants, spec_);
+      passed = passed && outcome.value("passed", false);
+      checks.push_back(std::move(outcome));
+    }
+    for (const auto& v : variants) passed = passed && v["status"] == "ok";
+
+    json skipped = json::array();
+    for (const auto& s : spec_.skipped) skipped.push_back({{"name", s.name}, {"reason", s.reason}});
+    json results = {
+        {"scenario",
+         {{"name", spec_.name},
+          {"description", spec_.description},
+          {"file", spec_.file},
+          {"data", spec_.data},
+          {"steps", spec_.steps},
+          {"seq_len", spec_.seq_len},
+          {"seed", spec_.seed},
+          {"world_size", spec_.world_size},
+          {"backend", spec_.backend},
+          {"shuffle", spec_.shuffle},
+          {"models", models_json()}}},
+        {"variants", variants},
+        {"skipped", skipped},
+        {"checks", checks},
+        {"passed", passed},
+        {"wall_s", std::chrono::duration<double>(Clock::now() - start).count()}};
+    io::write_text_file_atomic(options_.out_dir + "/results.json", results.dump(2) + "\n");
+    return {results, passed};
+  }
+
+ private:
+  void check_backend() {
+    if (spec_.backend == "gloo") return;
+    AUTOTP_USER_CHECK(nccl_available(),
+                      "{}: backend nccl: this autotp build has no NCCL (its LibTorch is CPU-only); run the "
+                      "scenario with a CUDA build of LibTorch on a GPU machine, or use backend gloo",
+                      spec_.file);
+    throw_user_error(
+        "{}: backend nccl: `autotp train` does not take a backend yet (its process groups are Gloo); run this "
+        "scenario with backend gloo",
+        spec_.file);
+  }
+
+  // Models with config overrides are written once to OUT/models/KEY (same seed, so every variant starts alike).
+  void prepare_models() {
+    for (const auto& [key, model] : spec_.models) {
+      if (!model.needs_dir()) {
+        model_arg_[key] = model.source;
+        continue;
+      }
+      make_dir(options_.out_dir + "/models");
+      std::string dir = options_.out_dir + "/models/" + (key.empty() ? "model" : key);
+      ModelSource source;
+      source.config = model.config;
+      source.label = model.source + " with overrides";
+      std::cerr << fmt::format("scenario: writing {} to {}\n", source.label, dir);
+      write_model_dir(source, dir, torch::kFloat32, spec_.seed);
+      model_arg_[key] = dir;
+    }
+  }
+
+  json models_json() const {
+    json out = json::object();
+    for (const auto& [key, model] : spec_.models)
+      out[key.empty() ? "model" : key] = {{"source", model.source},
+                                          {"overrides", model.overrides},
+                                          {"architecture", model.config.architecture},
+                                          {"parameters", count_parameters(model.config)},
+                                          {"path", model_arg_.at(key)}};
+    return out;
+  }
+
+  json describe(const VariantSpec& v) const {
+    const int dp = spec_.world_size / v.config.tensor_parallel.autotp_size;
+    return {{"name", v.name},
+            {"kind", v.kind},
+            {"model", v.model.empty() ? "model" : v.model},
+            {"baseline", v.baseline},
+            {"is_baseline", v.is_baseline},
+            {"layout",
+             {{"world", spec_.world_size},
+              {"tp", v.config.tensor_parallel.autotp_size},
+              {"dp", dp},
+              {"zero_stage", v.config.zero.stage},
+              {"dtype", v.config.bf16 ? "bf16" : v.config.fp16.enabled ? "fp16" : "fp32"},
+              {"micro_batch", v.config.train_micro_batch_size_per_gpu},
+              {"gradient_accumulation_steps", v.config.gradient_accumulation_steps},
+              {"train_batch_size", v.config.train_batch_size},
+              {"activation_checkpointing", v.config.activation_checkpointing.enabled}}},
+            {"config", v.ds_config},
+            {"status", "not_run"},
+            {"error", ""}};
+  }
+
+  void run_train(const VariantSpec& v, json& result, int index, int total) {
+    const std::string dir = options_.out_dir + "/variants/" + v.name;
+    make_dir(dir);
+    const std::string config_path = dir + "/config.json";
+    const std::string metrics_path = dir + "/metrics.jsonl";
+    io::write_text_file_atomic(config_path, v.ds_config.dump(2) + "\n");
+    std::remove(metrics_path.c_str());
+    std::vector<std::string> argv = {exe_,        "train",         "--config",   config_path,
+                                     "--model",   model_arg_.at(v.model), "--data", spec_.data,
+                                     "--steps",   std::to_string(spec_.steps), "--seed", std::to_string(spec_.seed),
+                                     "--metrics", metrics_path,    "--nproc",    std::to_string(spec_.world_size),
+                                     "--timeout", fmt::format("{}", spec_.timeout_s)};
+    if (spec_.seq_len > 0) argv.insert(argv.end(), {"--seq-len", std::to_string(spec_.seq_len)});
+    if (!spec_.shuffle) argv.push_back("--no-shuffle");
+    if (spec_.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(spec_.threads)});
+    std::string command;
+    for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
+    result["command"] = command;
+
+    launcher::LaunchOptions launch;
+    launch.nproc = spec_.world_size;
+    launch.argv = argv;
+    launch.threads_per_rank = spec_.threads;
+    launch.quiet = true;
+    launch.prefix_output = true;
+
+    auto start = Clock::now();
+    std::atomic<bool> finished{false};
+    launcher::LaunchResult launched;
+    std::string launch_error;
+    std::thread worker([&] {
+      try {
+        launched = launcher::launch_local(launch);
+      } catch (const std::exception& e) {
+        launch_error = e.what();
+      }
+      finished = true;
+    });
+    auto last_print = Clock::now();
+    while (!finished) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      if (tty_ || std::chrono::duration<double>(Clock::now() - last_print).count() >= 30) {
+        progress(v, index, total, count_lines(metrics_path), elapsed, false);
+        last_print = Clock::now();
+      }
+    }
+    worker.join();
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    result["wall_s"] = wall;
+
+    // Every rank's output (its tail) goes to the variant's log.
+    std::string log;
+    for (const auto& rank : launched.ranks)
+      log += fmt::format("== rank {} (exit code {}) ==\n{}", rank.rank, rank.exit_code, rank.output_tail);
+    io::write_text_file_atomic(dir + "/train.log", log);
+
+    auto lines = read_lines(metrics_path);
+    if (!launch_error.empty() || launched.exit_code != 0) {
+      result["status"] = "failed";
+      result["error"] = !launch_error.empty() ? launch_error : launched.summary;
+    } else if (static_cast<int64_t>(lines.size()) != spec_.steps) {
+      result["status"] = "failed";
+      result["error"] = fmt::format("{} has {} lines for {} steps", metrics_path, lines.size(), spec_.steps);
+    } else {
+      result["status"] = "ok";
+    }
+    result.update(summarize_metrics(lines));
+    add_memory(v, lines, result);
+    progress(v, index, total, static_cast<int64_t>(lines.size()), wall, true);
+    if (result["status"] == "failed")
+      std::cerr << fmt::format("scenario: variant {} failed: {}\n", v.name, result["error"].get<std::string>());
+  }
+
+  void add_memory(const VariantSpec& v, const std::vector<json>& lines, json& result) const {
+    json ranks = json::array();
+    if (lines.empty()) {
+      result["memory"] = {{"ranks", ranks}};
+      return;
+    }
+    auto analytic = analytic_per_rank(v, spec_.models.at(v.model), spec_.world_size);
+    const json& last = lines.back().at("memory");
+    for (const auto& r : last.at("ranks")) {
+      const int rank = r.at("rank").get<int>();
+      int64_t peak = 0, activations = 0;
+      for (const auto& line : lines) {
+        const json& lr = line.at("memory").at("ranks").at(rank);
+        peak = std::max(peak, lr.value("peak_allocated_bytes", int64_t{0}));
+        activations = std::max(activations, lr.value("activations_peak_bytes", int64_t{0}));
+      }
+      ModelStateBytes measured;
+      measured.params = r.at("params").get<int64_t>();
+      measured.grads = r.at("grads").get<int64_t>();
+      measured.master_weights = r.at("master_weights").get<int64_t>();
+      measured.optimizer_states = r.at("optimizer_states").get<int64_t>();
+      ranks.push_back({{"rank", rank},
+                       {"model_states", state_bytes(measured)},
+                       {"analytic", state_bytes(analytic.at(rank))},
+                       {"peak_allocated_bytes", peak},
+                       {"activations_peak_bytes", activations},
+                       {"peak_rss_bytes", r.value("peak_rss_bytes", int64_t{0})}});
+    }
+    result["memory"] = {{"ranks", ranks}, {"rank0_reported_analytic", last.value("model_states_analytic", json())}};
+  }
+
+  void run_simulate(const VariantSpec& v, json& result) {
+    const std::string dir = options_.out_dir + "/variants/" + v.name;
+    make_dir(dir);
+    std::vector<std::string> argv = {exe_, "simulate"};
+    argv.insert(argv.end(), v.simulate_args.begin(), v.simulate_args.end());
+    argv.push_back("--json");
+    auto start = Clock::now();
+    auto [code, out] = capture(argv, dir + "/simulate.log");
+    result["wall_s"] = std::chrono::duration<double>(Clock::now() - start).count();
+    std::string command;
+    for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
+    result["command"] = command;
+    if (code != 0) {
+      result["status"] = "failed";
+      std::ifstream in(dir + "/simulate.log");
+      std::stringstream text;
+      text << in.rdbuf();
+      result["error"] = fmt::format("`autotp simulate` exited with code {}: {}", code, text.str());
+    } else {
+      try {
+        result["simulate"] = json::parse(out);
+        result["status"] = "ok";
+      } catch (const json::exception& e) {
+        result["status"] = "failed";
+        result["error"] = fmt::format("`autotp simulate --json` printed no JSON ({})", e.what());
+      }
+    }
+    std::cerr << fmt::format("scenario: {} (simulate) {}\n", v.name, result["status"].get<std::string>());
+  }
+
+  void progress(const VariantSpec& v, int index, int total, int64_t steps_done, double elapsed, bool last) {
+    double variant_eta = steps_done > 0 ? elapsed / steps_done * (spec_.steps - steps_done) : 0;
+    double per_variant = done_ > 0 ? done_wall_s_ / done_ : (steps_done > 0 ? elapsed / steps_done * spec_.steps : 0);
+    double scenario_eta = (last ? 0 : variant_eta) + per_variant * (total - index);
+    std::string line = fmt::format("scenario: [{}/{}] {} step {}/{} {} ETA {} (scenario ETA {})", index, total,
+                                   v.name, steps_done, spec_.steps, format_duration(elapsed),
+                                   format_duration(last ? 0 : variant_eta), format_duration(scenario_eta));
+    if (tty_)
+      std::cerr << "\r" << line << "\033[K" << (last ? "\n" : "") << std::flush;
+    else
+      std::cerr << line << "\n" << std::flush;
+  }
+
+  // Per-step differences to the baseline and ratios of the summaries.
+  void compare_with_baselines(json& variants) const {
+    auto find = [&](const std::string& name) -> const json* {
+      for (const auto& v : variants)
+        if (v["name"] == name) return &v;
+      return nullptr;
+    };
+    for (auto& v : variants) {
+      const json* b = find(v["baseline"].get<std::string>());
+      json c = {{"baseline", v["baseline"]}};
+      if (v["kind"] != "train" || !b || !v.contains("loss") || !b->contains("loss")) {
+        v["comparison"] = c;
+        continue;
+      }
+      json loss_diff = json::array(), loss_rel = json::array();
+      double max_loss_rel = 0, max_grad_rel = 0;
+      const size_t n = std::min(v["loss"].size(), (*b)["loss"].size());
+      for (size_t i = 0; i < n; ++i) {
+        double lv = v["loss"][i], lb = (*b)["loss"][i];
+        double gv = v["grad_norm"][i], gb = (*b)["grad_norm"][i];
+        loss_diff.push_back(lv - lb);
+        double rel = std::fabs(lv - lb) / std::max(std::fabs(lb), 1e-30);
+        loss_rel.push_back(rel);
+        max_loss_rel = std::max(max_loss_rel, rel);
+        max_grad_rel = std::max(max_grad_rel, std::fabs(gv - gb) / std::max(std::fabs(gb), 1e-30));
+      }
+      c["steps_compared"] = n;
+      c["loss_diff"] = loss_diff;
+      c["loss_rel_diff"] = loss_rel;
+      c["max_loss_rel_diff"] = max_loss_rel;
+      c["max_grad_norm_rel_diff"] = max_grad_rel;
+      if (!v["memory"]["ranks"].empty() && !(*b)["memory"]["ranks"].empty()) {
+        for (const std::string metric : {"model_states.total", "peak_allocated_bytes", "step_time_s", "tokens_per_s"}) {
+          double den = variant_metric(*b, metric, "max");
+          c["ratios"][metric] = den > 0 ? variant_metric(v, metric, "max") / den : 0.0;
+        }
+      }
+      v["comparison"] = c;
+    }
+  }
+
+  const ScenarioSpec& spec_;
+  const RunOptions& options_;
+  std::string exe_;
+  bool tty_ = false;
+  std::map<std::string, std::string> model_arg_;
+  int done_ = 0;
+  double done_wall_s_ = 0;
+};
+
+}  // namespace
+
+json summarize_metrics(const std::vector<json>& lines) {
+  json out;
+  std::vector<double> times, tps;
+  for (const char* key : {"step", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s"}) out[key] = json::array();
+  for (const auto& l : lines) {
+    for (const char* key : {"step", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s"})
+      out[key].push_back(l.at(key));
+  }
+  const size_t skip = lines.size() >= 3 ? 1 : 0;
+  for (size_t i = skip; i < lines.size(); ++i) {
+    times.push_back(lines[i].at("step_time_s").get<double>());
+    tps.push_back(lines[i].at("tokens_per_s").get<double>());
+  }
+  out["steps_done"] = lines.size();
+  out["step_time"] = {{"median_s", median(times)},
+                      {"p90_s", quantile(times, 0.9)},
+                      {"mean_s", times.empty() ? 0.0 : std::accumulate(times.begin(), times.end(), 0.0) / times.size()},
+                      {"steps_measured", times.size()}};
+  out["tokens_per_s_median"] = median(tps);
+  return out;
+}
+
+RunOutcome run_scenario(const ScenarioSpec& spec, const RunOptions& options) { return Runner(spec, options).run(); }
+
+}  // namespace autotp::scenario

@@ -1,0 +1,592 @@
+#include "scenario/scenario_spec.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "autotp/data/dataset.h"
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
+#include "autotp/tp/tp_plan.h"
+
+namespace autotp::scenario {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<std::string> kTopKeys = {"name",        "description", "model",     "models",   "data",
+                                           "steps",       "seq_len",     "seed",      "world_size", "backend",
+                                           "shuffle",     "threads",     "timeout_s", "config",   "baseline",
+                                           "variants",    "sweep",       "checks"};
+const std::vector<std::string> kLayoutKeys = {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing",
+                                              "overrides", "model"};
+const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp16"};
+const std::vector<std::string> kCheckTypes = {"loss_agreement", "ratio", "memory_ratio", "model_states_analytic",
+                                              "no_failed_runs", "loss_decreases"};
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// A JSON object of the scenario file whose keys are checked against `allowed`.
+// Errors read "FILE: WHERE.key ...".
+class Object {
+ public:
+  Object(const json& j, std::string where, std::string file, const std::vector<std::string>& allowed)
+      : j_(j), where_(std::move(where)), file_(std::move(file)) {
+    if (!j_.is_object()) fail("{} must be an object, got {}", where_.empty() ? "the scenario" : where_, j_.dump());
+    for (const auto& item : j_.items()) {
+      if (std::find(allowed.begin(), allowed.end(), item.key()) != allowed.end()) continue;
+      std::string suggestion = closest_key(item.key(), allowed);
+      if (!suggestion.empty()) fail("unknown key '{}' (did you mean '{}'?)", path(item.key()), path(suggestion));
+      fail("unknown key '{}' (allowed: {})", path(item.key()), fmt::join(allowed, ", "));
+    }
+  }
+
+  std::string path(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
+  bool has(const std::string& key) const { return j_.contains(key); }
+  const json& at(const std::string& key) const { return j_.at(key); }
+
+  std::string string(const std::string& key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!at(key).is_string()) wrong(key, "a string");
+    return at(key).get<std::string>();
+  }
+  std::string required_string(const std::string& key, const std::string& what) const {
+    if (!has(key)) fail("{} is missing ({})", path(key), what);
+    return string(key, "");
+  }
+  int64_t integer(const std::string& key, int64_t fallback, int64_t min_value) const {
+    if (!has(key)) return fallback;
+    return integer_value(at(key), path(key), min_value);
+  }
+  int64_t integer_value(const json& v, const std::string& where, int64_t min_value) const {
+    int64_t value = 0;
+    if (v.is_number_integer()) {
+      value = v.get<int64_t>();
+    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+      value = static_cast<int64_t>(v.get<double>());
+    } else {
+      fail("{} must be an integer, got {}", where, v.dump());
+    }
+    if (value < min_value) fail("{} is {} (allowed: an integer >= {})", where, value, min_value);
+    return value;
+  }
+  double number(const std::string& key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!at(key).is_number()) wrong(key, "a number");
+    return at(key).get<double>();
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!at(key).is_boolean()) wrong(key, "true or false");
+    return at(key).get<bool>();
+  }
+  json object(const std::string& key) const {
+    if (!has(key)) return json::object();
+    if (!at(key).is_object()) wrong(key, "an object");
+    return at(key);
+  }
+  std::vector<std::string> strings(const std::string& key) const {
+    std::vector<std::string> out;
+    if (!has(key)) return out;
+    if (!at(key).is_array()) wrong(key, "an array of strings");
+    for (const auto& v : at(key)) {
+      if (!v.is_string()) wrong(key, "an array of strings");
+      out.push_back(v.get<std::string>());
+    }
+    return out;
+  }
+
+  template <typename... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
+    std::string message = fmt::format(format, std::forward<Args>(args)...);
+    throw UserError(file_.empty() ? message : file_ + ": " + message);
+  }
+
+ private:
+  [[noreturn]] void wrong(const std::string& key, const char* expected) const {
+    fail("{} must be {}, got {}", path(key), expected, at(key).dump());
+  }
+  const json& j_;
+  std::string where_;
+  std::string file_;
+};
+
+std::string resolve_path(const std::string& path, const std::string& base_dir) {
+  if (path.empty() || path[0] == '/' || base_dir.empty()) return path;
+  return base_dir + "/" + path;
+}
+
+ModelSpec parse_model(const json& j, const std::string& key, const std::string& where, const Object& top,
+                      const std::string& base_dir) {
+  ModelSpec m;
+  m.key = key;
+  if (j.is_string()) {
+    m.source = j.get<std::string>();
+  } else {
+    Object o(j, where, "", {"source", "overrides"});
+    try {
+      m.source = o.required_string("source", "preset:NAME or an HF model directory");
+      m.overrides = o.object("overrides");
+    } catch (const UserError& e) {
+      top.fail("{}", e.what());
+    }
+  }
+  const bool preset = m.source.rfind("preset:", 0) == 0;
+  if (!preset) {
+    std::string dir = resolve_path(m.source, base_dir);
+    if (!is_directory(dir))
+      top.fail("{} '{}': no such directory {} (give preset:NAME or an HF model directory relative to the scenario)",
+               where, m.source, dir);
+    m.source = dir;
+  }
+  try {
+    ModelSource source = resolve_model(m.source);
+    m.config = m.overrides.empty() ? source.config
+                                   : ModelConfig::from_json(merged(source.config.raw, m.overrides),
+                                                            where + " (" + m.source + " with overrides)");
+  } catch (const UserError& e) {
+    top.fail("{}: {}", where, e.what());
+  }
+  return m;
+}
+
+struct Layout {
+  int tp = 1;
+  int zero_stage = 3;
+  std::string dtype = "fp32";
+  int64_t micro_batch = 0;
+  bool activation_checkpointing = false;
+  json overrides = json::object();
+  std::string model;
+};
+
+// Reads the layout keys of a baseline or an explicit variant over `defaults`.
+Layout parse_layout(const Object& o, Layout layout, const std::map<std::string, ModelSpec>& models) {
+  layout.tp = static_cast<int>(o.integer("tp", layout.tp, 1));
+  layout.zero_stage = static_cast<int>(o.integer("zero_stage", layout.zero_stage, 0));
+  if (layout.zero_stage > 3) o.fail("{} is {} (allowed: 0, 1, 2, 3)", o.path("zero_stage"), layout.zero_stage);
+  layout.dtype = o.string("dtype", layout.dtype);
+  if (std::find(kDtypes.begin(), kDtypes.end(), layout.dtype) == kDtypes.end())
+    o.fail("{} is \"{}\" (allowed: {})", o.path("dtype"), layout.dtype, fmt::join(kDtypes, ", "));
+  layout.micro_batch = o.integer("micro_batch", layout.micro_batch, 1);
+  layout.activation_checkpointing = o.boolean("activation_checkpointing", layout.activation_checkpointing);
+  if (o.has("overrides")) layout.overrides = merged(layout.overrides, o.object("overrides"));
+  if (o.has("model")) {
+    layout.model = o.string("model", "");
+    if (!models.count(layout.model)) {
+      std::vector<std::string> keys;
+      for (const auto& [k, _] : models) keys.push_back(k);
+      std::string suggestion = closest_key(layout.model, keys);
+      o.fail("{} is \"{}\", not a key of \"models\"{} (allowed: {})", o.path("model"), layout.model,
+             suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(keys, ", "));
+    }
+  }
+  return layout;
+}
+
+// The variant's DeepSpeed config: base config + layout + overrides.
+json variant_config(const json& base, const Layout& layout) {
+  json c = base;
+  c["zero_optimization"]["stage"] = layout.zero_stage;
+  c["tensor_parallel"]["autotp_size"] = layout.tp;
+  if (layout.dtype == "bf16") c["bf16"]["enabled"] = true;
+  if (layout.dtype == "fp16") c["fp16"]["enabled"] = true;
+  if (layout.micro_batch > 0) {
+    c["train_micro_batch_size_per_gpu"] = layout.micro_batch;
+    // The global batch stays; accumulation follows from it.
+    if (c.contains("train_batch_size")) c.erase("gradient_accumulation_steps");
+  }
+  if (layout.activation_checkpointing) c["activation_checkpointing"]["enabled"] = true;
+  return merged(c, layout.overrides);
+}
+
+std::string layout_summary(const Layout& l) {
+  return fmt::format("tp {} ZeRO-{} {}{}{}", l.tp, l.zero_stage, l.dtype,
+                     l.micro_batch ? fmt::format(" micro-batch {}", l.micro_batch) : "",
+                     l.activation_checkpointing ? " activation checkpointing" : "");
+}
+
+class Expander {
+ public:
+  Expander(ScenarioSpec& spec) : spec_(spec) {}
+
+  // Builds and validates one variant; returns the reason it cannot run, or "".
+  std::string add(const std::string& name, const Layout& layout, bool is_baseline, const std::string& baseline,
+                  const std::string& kind = "train") {
+    VariantSpec v;
+    v.name = name;
+    v.kind = kind;
+    v.model = layout.model;
+    v.tp = layout.tp;
+    v.zero_stage = layout.zero_stage;
+    v.dtype = layout.dtype;
+    v.micro_batch = layout.micro_batch;
+    v.activation_checkpointing = layout.activation_checkpointing;
+    v.overrides = layout.overrides;
+    v.is_baseline = is_baseline;
+    v.baseline = baseline;
+    v.ds_config = variant_config(spec_.base_config, layout);
+    const ModelSpec& model = spec_.models.at(layout.model);
+    try {
+      v.config = TrainConfig::from_json(v.ds_config, "config");
+      v.config.resolve_batch(spec_.world_size);
+      TpPlanOptions plan;
+      plan.tp_size = v.config.tensor_parallel.autotp_size;
+      plan.layer_specs = v.config.tensor_parallel.layer_specs;
+      TpPlan::build(model.config, plan);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    v.tp = v.config.tensor_parallel.autotp_size;  // overrides may have changed the layout
+    v.zero_stage = v.config.zero.stage;
+    if (v.config.fp16.enabled && spec_.backend == "gloo")
+      return "fp16 needs CUDA tensors (LibTorch has no float16 matmul on CPU); use dtype bf16 with backend gloo";
+    if (!is_baseline && kind == "train") {
+      const VariantSpec& b = spec_.variant(baseline);
+      if (v.config.train_batch_size != b.config.train_batch_size)
+        return fmt::format(
+            "global batch {} differs from baseline '{}' ({}): the losses would not be comparable (give "
+            "train_batch_size in \"config\" so that every layout derives its micro-batch from it)",
+            v.config.train_batch_size, baseline, b.config.train_batch_size);
+    }
+    for (const auto& existing : spec_.variants) {
+      if (existing.name == name) return fmt::format("the name '{}' is already used", name);
+      if (!is_baseline && kind == "train" && existing.is_baseline && existing.model == v.model &&
+          existing.config.to_json() == v.config.to_json())
+        return fmt::format("same layout as baseline '{}'", existing.name);
+    }
+    spec_.variants.push_back(std::move(v));
+    return "";
+  }
+
+ private:
+  ScenarioSpec& spec_;
+};
+
+std::string sweep_name(const Layout& l, const json& sweep) {
+  auto varies = [&](const char* axis) { return sweep.contains(axis) && sweep[axis].size() > 1; };
+  std::string name = fmt::format("tp{}_z{}", l.tp, l.zero_stage);
+  if (l.dtype != "fp32" || varies("dtype")) name += "_" + l.dtype;
+  if (varies("micro_batch")) name += fmt::format("_mb{}", l.micro_batch);
+  if (l.activation_checkpointing) name += "_ac";
+  if (!l.model.empty()) name += "_" + l.model;
+  return name;
+}
+
+CheckSpec parse_check(const json& j, size_t index, const Object& top) {
+  const std::string where = fmt::format("checks[{}]", index);
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
+    top.fail("{} must be an object with a \"type\" (allowed: {}), got {}", where, fmt::join(kCheckTypes, ", "),
+             j.dump());
+  CheckSpec c;
+  c.json = j;
+  c.type = j["type"].get<std::string>();
+  if (std::find(kCheckTypes.begin(), kCheckTypes.end(), c.type) == kCheckTypes.end()) {
+    std::string suggestion = closest_key(c.type, kCheckTypes);
+    top.fail("{}.type is \"{}\"{} (allowed: {})", where, c.type,
+             suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(kCheckTypes, ", "));
+  }
+  if (c.type == "memory_ratio") c.type = "ratio";
+  std::vector<std::string> keys = {"type", "description"};
+  if (c.type == "loss_agreement") keys.insert(keys.end(), {"variants", "metric", "max_rel_diff"});
+  if (c.type == "ratio") keys.insert(keys.end(), {"variant", "of", "metric", "rank", "min", "max"});
+  if (c.type == "model_states_analytic") keys.push_back("variants");
+  if (c.type == "loss_decreases") keys.insert(keys.end(), {"variants", "min_drop"});
+  try {
+    Object checked(j, where, "", keys);
+    c.variants = checked.strings("variants");
+    if (c.type == "loss_agreement") {
+      c.metric = checked.string("metric", "loss");
+      if (c.metric != "loss" && c.metric != "grad_norm")
+        checked.fail("{} is \"{}\" (allowed: loss, grad_norm)", checked.path("metric"), c.metric);
+      c.max_rel_diff = checked.number("max_rel_diff", c.max_rel_diff);
+      if (c.max_rel_diff < 0) checked.fail("{} must be >= 0", checked.path("max_rel_diff"));
+    }
+    if (c.type == "ratio") {
+      c.variant = checked.required_string("variant", "the variant whose metric is the numerator");
+      c.of = checked.required_string("of", "the variant whose metric is the denominator");
+      c.metric = checked.required_string("metric", fmt::format("one of {}", fmt::join(ratio_metrics(), ", ")));
+      const auto& metrics = ratio_metrics();
+      if (std::find(metrics.begin(), metrics.end(), c.metric) == metrics.end()) {
+        std::string suggestion = closest_key(c.metric, metrics);
+        checked.fail("{} is \"{}\"{} (allowed: {})", checked.path("metric"), c.metric,
+                     suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion),
+                     fmt::join(metrics, ", "));
+      }
+      c.rank = checked.string("rank", "max");
+      if (c.rank != "max" && c.rank != "rank0")
+        checked.fail("{} is \"{}\" (allowed: max, rank0)", checked.path("rank"), c.rank);
+      c.min = checked.number("min", c.min);
+      c.max = checked.number("max", c.max);
+      if (!checked.has("min") && !checked.has("max"))
+        checked.fail("{} needs \"min\" or \"max\" (or both)", where);
+    }
+    if (c.type == "loss_decreases") c.min_drop = checked.number("min_drop", 0.0);
+  } catch (const UserError& e) {
+    top.fail("{}", e.what());
+  }
+  return c;
+}
+
+}  // namespace
+
+const std::vector<std::string>& ratio_metrics() {
+  static const std::vector<std::string> metrics = {
+      "model_states.params",  "model_states.grads",  "model_states.master_weights",
+      "model_states.optimizer_states", "model_states.total", "peak_allocated_bytes",
+      "activations_peak_bytes", "peak_rss_bytes", "step_time_s", "tokens_per_s"};
+  return metrics;
+}
+
+json merged(json target, const json& patch) {
+  target.merge_patch(patch);
+  return target;
+}
+
+ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, const std::string& base_dir) {
+  Object top(j, "", file, kTopKeys);
+  ScenarioSpec s;
+  s.file = file;
+  s.base_dir = base_dir;
+  std::string stem = file.substr(file.find_last_of('/') + 1);
+  stem = stem.substr(0, stem.find('.'));
+  s.name = top.string("name", stem.empty() ? "scenario" : stem);
+  s.description = top.string("description", "");
+
+  // Models: one "model", or named "models" (each baseline runs once per model).
+  if (top.has("model") == top.has("models"))
+    top.fail("give exactly one of \"model\" (preset:NAME or an HF directory) and \"models\" ({{\"key\": model}})");
+  if (top.has("model")) {
+    s.models[""] = parse_model(top.at("model"), "", "model", top, base_dir);
+  } else {
+    const json models = top.object("models");
+    if (models.empty()) top.fail("models is empty (give at least one {{\"key\": model}})");
+    for (const auto& item : models.items())
+      s.models[item.key()] = parse_model(item.value(), item.key(), "models." + item.key(), top, base_dir);
+  }
+
+  std::string data = top.required_string("data", "a training data file relative to the scenario file, see docs/data.md");
+  s.data = resolve_path(data, base_dir);
+  if (!is_file(s.data)) top.fail("data '{}': no such file {}", data, s.data);
+  s.steps = top.integer("steps", s.steps, 1);
+  s.seq_len = top.integer("seq_len", s.seq_len, 0);
+  const bool token_arrays = s.data.size() >= 5 && s.data.substr(s.data.size() - 5) == ".json";
+  if (s.seq_len == 0 && !token_arrays) top.fail("seq_len is missing (required except for .json token arrays)");
+  // The data must open for every model, as `autotp train` will open it (format, ids, seq_len).
+  for (const auto& [key, model] : s.models) {
+    DataOptions data_options;
+    data_options.seq_len = s.seq_len;
+    data_options.vocab_size = model.config.vocab_size;
+    try {
+      open_dataset(s.data, data_options);
+    } catch (const UserError& e) {
+      top.fail("data: {}", e.what());
+    }
+  }
+  s.seed = static_cast<uint64_t>(top.integer("seed", static_cast<int64_t>(s.seed), 0));
+  if (!top.has("world_size")) top.fail("world_size is missing (the number of ranks every variant runs on)");
+  s.world_size = static_cast<int>(top.integer("world_size", 0, 1));
+  s.backend = top.string("backend", s.backend);
+  if (s.backend != "gloo" && s.backend != "nccl")
+    top.fail("backend is \"{}\" (allowed: gloo, nccl)", s.backend);
+  s.shuffle = top.boolean("shuffle", s.shuffle);
+  s.threads = static_cast<int>(top.integer("threads", 0, 0));
+  s.timeout_s = top.number("timeout_s", s.timeout_s);
+  if (s.timeout_s <= 0) top.fail("timeout_s must be > 0");
+  s.base_config = top.object("config");
+  try {
+    TrainConfig::from_json(s.base_config, "config");
+  } catch (const UserError& e) {
+    top.fail("{}", e.what());
+  }
+
+  // Baselines: one per model.
+  Layout defaults;
+  defaults.model = s.models.begin()->first;
+  std::string baseline_name = "baseline";
+  Layout baseline = defaults;
+  if (top.has("baseline")) {
+    Object b(top.at("baseline"), "baseline", file, [] {
+      auto keys = kLayoutKeys;
+      keys.push_back("name");
+      keys.erase(std::find(keys.begin(), keys.end(), "model"));
+      return keys;
+    }());
+    baseline_name = b.string("name", baseline_name);
+    baseline = parse_layout(b, defaults, s.models);
+  }
+  Expander expander(s);
+  std::map<std::string, std::string> baseline_of;  // model key -> baseline name
+  for (const auto& [key, model] : s.models) {
+    Layout l = baseline;
+    l.model = key;
+    std::string name = key.empty() ? baseline_name : baseline_name + "_" + key;
+    std::string reason = expander.add(name, l, true, name);
+    if (!reason.empty())
+      top.fail("baseline '{}' ({}) cannot run on world {}: {}", name, layout_summary(l), s.world_size, reason);
+    baseline_of[key] = name;
+  }
+
+  // Explicit variants: every one must run.
+  if (top.has("variants")) {
+    if (!top.at("variants").is_array()) top.fail("variants must be an array of objects");
+    size_t i = 0;
+    for (const auto& item : top.at("variants")) {
+      std::string where = fmt::format("variants[{}]", i++);
+      auto keys = kLayoutKeys;
+      keys.insert(keys.end(), {"name", "kind", "simulate"});
+      Object o(item, where, file, keys);
+      std::string name = o.required_string("name", "a unique name for the variant");
+      std::string kind = o.string("kind", "train");
+      if (kind != "train" && kind != "simulate") o.fail("{} is \"{}\" (allowed: train, simulate)", o.path("kind"), kind);
+      Layout l = parse_layout(o, baseline, s.models);
+      if (!o.has("model")) l.model = defaults.model;
+      std::string reason = expander.add(name, l, false, baseline_of.at(l.model), kind);
+      if (!reason.empty())
+        o.fail("variant '{}' ({}) cannot run on world {}: {}", name, layout_summary(l), s.world_size, reason);
+      VariantSpec& v = s.variants.back();
+      if (kind == "simulate") {
+        v.simulate_args = o.strings("simulate");
+        if (v.simulate_args.empty())
+          o.fail("{} is missing (the arguments of `autotp simulate` for a simulate variant)", o.path("simulate"));
+      }
+    }
+  }
+
+  // The sweep: every combination of its axes; those that cannot run are skipped with the reason.
+  if (top.has("sweep")) {
+    const json& sweep = top.at("sweep");
+    Object o(sweep, "sweep", file, {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing", "model",
+                                    "overrides", "exclude"});
+    auto axis = [&](const char* key, const json& fallback) {
+      if (!sweep.contains(key)) return json::array({fallback});
+      if (!sweep[key].is_array() || sweep[key].empty()) o.fail("{} must be a non-empty array", o.path(key));
+      return sweep[key];
+    };
+    json models = json::array();
+    if (sweep.contains("model")) {
+      models = axis("model", "");
+    } else {
+      for (const auto& [key, _] : s.models) models.push_back(key);
+    }
+    std::vector<json> excludes;
+    if (sweep.contains("exclude")) {
+      if (!sweep["exclude"].is_array()) o.fail("{} must be an array of objects", o.path("exclude"));
+      size_t i = 0;
+      for (const auto& e : sweep["exclude"]) {
+        auto keys = kLayoutKeys;
+        keys.push_back("reason");
+        Object(e, fmt::format("sweep.exclude[{}]", i++), file, keys);
+        excludes.push_back(e);
+      }
+    }
+    for (const auto& model : models)
+      for (const auto& tp : axis("tp", baseline.tp))
+        for (const auto& stage : axis("zero_stage", baseline.zero_stage))
+          for (const auto& dtype : axis("dtype", baseline.dtype))
+            for (const auto& micro : axis("micro_batch", baseline.micro_batch))
+              for (const auto& ac : axis("activation_checkpointing", baseline.activation_checkpointing)) {
+                json point = {{"tp", tp}, {"zero_stage", stage}, {"dtype", dtype}, {"micro_batch", micro},
+                              {"activation_checkpointing", ac}, {"model", model}};
+                if (sweep.contains("overrides")) point["overrides"] = o.object("overrides");
+                if (micro == 0) point.erase("micro_batch");
+                Object p(point, "sweep", file, kLayoutKeys);
+                Layout l = parse_layout(p, baseline, s.models);
+                std::string name = sweep_name(l, sweep);
+                std::string reason;
+                for (const auto& e : excludes) {
+                  bool match = true;
+                  for (const auto& item : e.items())
+                    if (item.key() != "reason" && point.value(item.key(), json()) != item.value()) match = false;
+                  if (match) reason = "excluded by sweep.exclude: " + e.value("reason", std::string(e.dump()));
+                }
+                if (reason.empty()) reason = expander.add(name, l, false, baseline_of.at(l.model));
+                if (!reason.empty()) s.skipped.push_back({name, reason});
+              }
+  }
+  if (s.variants.size() == s.models.size() && s.skipped.empty())
+    top.fail("no variants: give \"variants\" and/or a \"sweep\" to compare with the baseline");
+
+  // Checks: names must exist (skipped ones are allowed: the check then reports them).
+  if (top.has("checks")) {
+    if (!top.at("checks").is_array()) top.fail("checks must be an array of objects");
+    size_t i = 0;
+    std::vector<std::string> names;
+    for (const auto& v : s.variants) names.push_back(v.name);
+    for (const auto& sk : s.skipped) names.push_back(sk.name);
+    for (const auto& item : top.at("checks")) {
+      CheckSpec c = parse_check(item, i, top);
+      std::vector<std::string> referenced = c.variants;
+      if (!c.variant.empty()) referenced.push_back(c.variant);
+      if (!c.of.empty()) referenced.push_back(c.of);
+      for (const auto& name : referenced) {
+        if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+        std::string suggestion = closest_key(name, names);
+        top.fail("checks[{}] names variant '{}', which the scenario does not define{} (variants: {})", i, name,
+                 suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(names, ", "));
+      }
+      s.checks.push_back(std::move(c));
+      ++i;
+    }
+  }
+  if (std::none_of(s.checks.begin(), s.checks.end(), [](const CheckSpec& c) { return c.type == "no_failed_runs"; })) {
+    CheckSpec c;
+    c.type = "no_failed_runs";
+    c.json = {{"type", "no_failed_runs"}, {"description", "added by default"}};
+    s.checks.push_back(c);
+  }
+  return s;
+}
+
+ScenarioSpec ScenarioSpec::from_file(const std::string& path) {
+  json j = read_json_file(path, "scenario file");
+  size_t slash = path.find_last_of('/');
+  return from_json(j, path, slash == std::string::npos ? "." : path.substr(0, slash));
+}
+
+const VariantSpec& ScenarioSpec::variant(const std::string& name) const {
+  for (const auto& v : variants)
+    if (v.name == name) return v;
+  throw_user_error("{}: no variant named '{}'", file, name);
+}
+
+void ScenarioSpec::select(const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  std::vector<std::string> all;
+  for (const auto& v : variants) all.push_back(v.name);
+  std::set<std::string> keep;
+  for (const auto& name : names) {
+    if (std::find(all.begin(), all.end(), name) == all.end()) {
+      for (const auto& sk : skipped)
+        if (sk.name == name) throw_user_error("--only {}: that variant is skipped ({})", name, sk.reason);
+      std::string suggestion = closest_key(name, all);
+      throw_user_error("--only {}: no such variant in {}{} (variants: {})", name, file,
+                       suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(all, ", "));
+    }
+    keep.insert(name);
+    keep.insert(variant(name).baseline);
+  }
+  variants.erase(std::remove_if(variants.begin(), variants.end(),
+                                [&](const VariantSpec& v) { return !keep.count(v.name); }),
+                 variants.end());
+  skipped.clear();
+}
+
+void ScenarioSpec::set_steps(int64_t n) {
+  AUTOTP_USER_CHECK(n >= 1, "--steps {} (allowed: an integer >= 1)", n);
+  steps = n;
+}
+
+}  // namespace autotp::scenario

@@ -1,0 +1,227 @@
+// Scenario files: expansion of baselines, explicit variants and sweeps into
+// resolved DeepSpeed configs; skipped sweep combinations with their reasons;
+// every rejection (unknown key with a suggestion, an invalid combination, a
+// missing model, a check naming no variant) naming the file and key; the
+// step-time statistics of summarize_metrics.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "autotp/io/safetensors.h"
+#include "autotp/runtime/error.h"
+#include "scenario/scenario_runner.h"
+#include "scenario/scenario_spec.h"
+#include "support/model_fixtures.h"
+
+namespace autotp::scenario {
+namespace {
+
+using nlohmann::json;
+
+class ScenarioSpecTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::make_temp_dir("scenariospec");
+    io::write_text_file_atomic(dir_ + "/corpus.txt", "some text to train on\n");
+  }
+  json base() const {
+    return {{"model", "preset:llama-tiny"},
+            {"data", "corpus.txt"},
+            {"seq_len", 16},
+            {"world_size", 4},
+            {"config", {{"train_batch_size", 8}, {"optimizer", {{"type", "AdamW"}}}}},
+            {"variants", json::array({{{"name", "z1"}, {"zero_stage", 1}}})}};
+  }
+  ScenarioSpec parse(const json& j) const { return ScenarioSpec::from_json(j, "s.json", dir_); }
+  std::string error(const json& j) const {
+    try {
+      parse(j);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+  std::string dir_;
+};
+
+TEST_F(ScenarioSpecTest, BaselineIsZero3AtTp1AndVariantsDeriveTheirMicroBatch) {
+  json j = base();
+  j["variants"].push_back({{"name", "tp2"}, {"tp", 2}, {"zero_stage", 1}, {"overrides", {{"gradient_clipping", 0.5}}}});
+  auto s = parse(j);
+  ASSERT_EQ(s.variants.size(), 3u);
+  const auto& b = s.variants[0];
+  EXPECT_EQ(b.name, "baseline");
+  EXPECT_TRUE(b.is_baseline);
+  EXPECT_EQ(b.config.zero.stage, 3);
+  EXPECT_EQ(b.config.tensor_parallel.autotp_size, 1);
+  EXPECT_EQ(b.config.train_micro_batch_size_per_gpu, 2);  // 8 / dp 4
+  const auto& tp2 = s.variant("tp2");
+  EXPECT_EQ(tp2.baseline, "baseline");
+  EXPECT_EQ(tp2.config.train_micro_batch_size_per_gpu, 4);  // 8 / dp 2
+  EXPECT_EQ(tp2.config.gradient_accumulation_steps, 1);
+  EXPECT_DOUBLE_EQ(tp2.config.gradient_clipping, 0.5);
+  EXPECT_EQ(tp2.ds_config["tensor_parallel"]["autotp_size"], 2);
+  EXPECT_EQ(s.data, dir_ + "/corpus.txt");
+  EXPECT_EQ(s.name, "s");
+  ASSERT_EQ(s.checks.size(), 1u);  // no_failed_runs is always there
+  EXPECT_EQ(s.checks[0].type, "no_failed_runs");
+}
+
+TEST_F(ScenarioSpecTest, SweepSkipsCombinationsThatCannotRunWithTheReason) {
+  json j = base();
+  j.erase("variants");
+  j["sweep"] = {{"tp", {1, 2, 3, 4}}, {"zero_stage", {1, 3}}, {"micro_batch", {1, 2}}};
+  auto s = parse(j);
+  std::map<std::string, std::string> skipped;
+  for (const auto& sk : s.skipped) skipped[sk.name] = sk.reason;
+  std::vector<std::string> names;
+  for (const auto& v : s.variants) names.push_back(v.name);
+  // tp 3 does not divide 4; micro-batch 2 at tp 1 (dp 4) is the baseline's derived layout; tp 4 (dp 1) with
+  // micro-batch 1 accumulates 8.
+  EXPECT_NE(skipped["tp3_z1_mb1"].find("autotp_size 3 does not divide the world size 4"), std::string::npos)
+      << skipped["tp3_z1_mb1"];
+  EXPECT_NE(skipped["tp1_z3_mb2"].find("same layout as baseline"), std::string::npos) << skipped["tp1_z3_mb2"];
+  EXPECT_EQ(skipped.count("tp4_z1_mb2"), 0u);
+  EXPECT_EQ(s.variant("tp4_z1_mb1").config.gradient_accumulation_steps, 8);
+  EXPECT_EQ(s.variant("tp1_z1_mb1").config.gradient_accumulation_steps, 2);
+  // 1 baseline + (tp 1,2,4) x (z1, z3) x (mb 1, 2) - the baseline's own layout.
+  EXPECT_EQ(s.variants.size(), 1u + 3 * 2 * 2 - 1);
+  EXPECT_EQ(s.skipped.size(), 4u + 1);  // tp 3 x 4, and the baseline's layout
+}
+
+TEST_F(ScenarioSpecTest, SweepExcludeAndModelAxisGiveOneBaselinePerModel) {
+  json j = base();
+  j.erase("model");
+  j.erase("variants");
+  j["models"] = {{"gpt2", "preset:gpt2-tiny"}, {"llama", "preset:llama-tiny-tied"}};
+  j["sweep"] = {{"tp", {2, 4}}, {"zero_stage", {1}}, {"exclude", {{{"tp", 4}, {"model", "gpt2"}, {"reason", "slow"}}}}};
+  auto s = parse(j);
+  EXPECT_EQ(s.variants[0].name, "baseline_gpt2");
+  EXPECT_EQ(s.variants[1].name, "baseline_llama");
+  EXPECT_EQ(s.variant("tp2_z1_gpt2").baseline, "baseline_gpt2");
+  EXPECT_EQ(s.variant("tp4_z1_llama").baseline, "baseline_llama");
+  ASSERT_EQ(s.skipped.size(), 1u);
+  EXPECT_EQ(s.skipped[0].name, "tp4_z1_gpt2");
+  EXPECT_EQ(s.skipped[0].reason, "excluded by sweep.exclude: slow");
+}
+
+TEST_F(ScenarioSpecTest, UnknownKeysAreRejectedWithASuggestion) {
+  json j = base();
+  j["world_sise"] = 4;
+  EXPECT_EQ(error(j), "s.json: unknown key 'world_sise' (did you mean 'world_size'?)");
+  j = base();
+  j["variants"][0]["zero_stag"] = 1;
+  EXPECT_EQ(error(j), "s.json: unknown key 'variants[0].zero_stag' (did you mean 'variants[0].zero_stage'?)");
+  j = base();
+  j["config"]["zero_optimisation"] = {{"stage", 1}};
+  EXPECT_EQ(error(j), "s.json: config: unknown key 'zero_optimisation' (did you mean 'zero_optimization'?)");
+  j = base();
+  j["checks"] = {{{"type", "loss_agrement"}}};
+  EXPECT_NE(error(j).find("checks[0].type is \"loss_agrement\" (did you mean 'loss_agreement'?)"),
+            std::string::npos)
+      << error(j);
+  j = base();
+  j["checks"] = {{{"type", "memory_ratio"}, {"variant", "z2"}, {"of", "baseline"}, {"metric", "model_states.total"},
+                  {"max", 1}}};
+  EXPECT_NE(error(j).find("checks[0] names variant 'z2', which the scenario does not define (did you mean 'z1'?)"),
+            std::string::npos)
+      << error(j);
+  j["checks"][0]["variant"] = "z1";
+  j["checks"][0]["metric"] = "model_state.total";
+  EXPECT_NE(error(j).find("(did you mean 'model_states.total'?)"), std::string::npos) << error(j);
+}
+
+TEST_F(ScenarioSpecTest, InvalidCombinationsOfExplicitVariantsAreErrors) {
+  json j = base();
+  j["variants"][0]["tp"] = 3;
+  EXPECT_EQ(error(j),
+            "s.json: variant 'z1' (tp 3 ZeRO-1 fp32) cannot run on world 4: tensor_parallel.autotp_size 3 does not "
+            "divide the world size 4 (allowed: a divisor of 4)");
+  j = base();
+  j["world_size"] = 8;
+  j["variants"][0]["tp"] = 8;  // llama-tiny has 6 query heads
+  EXPECT_NE(error(j).find("variant 'z1' (tp 8 ZeRO-1 fp32) cannot run on world 8"), std::string::npos) << error(j);
+  j = base();
+  j["variants"][0]["overrides"] = {{"train_batch_size", 16}};
+  EXPECT_NE(error(j).find("global batch 16 differs from baseline 'baseline' (8)"), std::string::npos) << error(j);
+  j = base();
+  j["variants"][0]["dtype"] = "fp16";
+  EXPECT_NE(error(j).find("fp16 needs CUDA tensors"), std::string::npos) << error(j);
+  j = base();
+  j["variants"][0]["dtype"] = "int8";
+  EXPECT_EQ(error(j), "s.json: variants[0].dtype is \"int8\" (allowed: fp32, bf16, fp16)");
+  j = base();
+  j["variants"].push_back({{"name", "z1"}, {"zero_stage", 2}});
+  EXPECT_NE(error(j).find("the name 'z1' is already used"), std::string::npos) << error(j);
+}
+
+TEST_F(ScenarioSpecTest, MissingOrUnknownModelAndDataAreErrors) {
+  json j = base();
+  j.erase("model");
+  EXPECT_EQ(error(j),
+            "s.json: give exactly one of \"model\" (preset:NAME or an HF directory) and \"models\" ({\"key\": model})");
+  j = base();
+  j["model"] = "preset:llama-huge";
+  EXPECT_NE(error(j).find("unknown preset 'llama-huge' (allowed: llama-tiny,"), std::string::npos) << error(j);
+  j = base();
+  j["model"] = "no/such/dir";
+  EXPECT_NE(error(j).find("s.json: model 'no/such/dir': no such directory"), std::string::npos) << error(j);
+  j = base();
+  j["model"] = {{"source", "preset:llama-tiny"}, {"overrides", {{"num_attention_heads", 5}}}};  // 96 % 5 != 0
+  EXPECT_NE(error(j).find("s.json: model:"), std::string::npos) << error(j);
+  j = base();
+  j["data"] = "missing.txt";
+  EXPECT_EQ(error(j), "s.json: data 'missing.txt': no such file " + dir_ + "/missing.txt");
+  j = base();
+  j.erase("world_size");
+  EXPECT_EQ(error(j), "s.json: world_size is missing (the number of ranks every variant runs on)");
+}
+
+TEST_F(ScenarioSpecTest, ModelOverridesAreValidatedAndChangeTheShapes) {
+  json j = base();
+  j["model"] = {{"source", "preset:llama-tiny"},
+                {"overrides", {{"hidden_size", 80}, {"num_attention_heads", 5}, {"num_key_value_heads", 1},
+                               {"vocab_size", 263}}}};
+  auto s = parse(j);
+  EXPECT_TRUE(s.models.at("").needs_dir());
+  EXPECT_EQ(s.models.at("").config.num_heads, 5);
+  EXPECT_EQ(s.models.at("").config.vocab_size, 263);
+}
+
+TEST_F(ScenarioSpecTest, OnlyKeepsTheBaselineAndSuggestsNames) {
+  json j = base();
+  j["variants"].push_back({{"name", "tp2_z1"}, {"tp", 2}, {"zero_stage", 1}});
+  auto s = parse(j);
+  s.select({"tp2_z1"});
+  ASSERT_EQ(s.variants.size(), 2u);
+  EXPECT_EQ(s.variants[0].name, "baseline");
+  EXPECT_EQ(s.variants[1].name, "tp2_z1");
+  auto t = parse(j);
+  try {
+    t.select({"tp2_z2"});
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--only tp2_z2: no such variant in s.json (did you mean 'tp2_z1'?)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ScenarioMetrics, StepTimeMedianAndP90SkipTheFirstStep) {
+  std::vector<json> lines;
+  const double times[] = {9.0, 1.0, 4.0, 2.0, 3.0, 5.0, 6.0, 7.0, 8.0, 10.0, 0.5};
+  for (int i = 0; i < 11; ++i)
+    lines.push_back({{"step", i + 1}, {"loss", 5.0 - i}, {"grad_norm", 1.0}, {"lr", 1e-3},
+                     {"step_time_s", times[i]}, {"tokens_per_s", 100.0 / times[i]}});
+  json s = summarize_metrics(lines);
+  // Steps 2..11: {1, 4, 2, 3, 5, 6, 7, 8, 10, 0.5}: median (4 + 5) / 2, p90 = 9th of 10 sorted = 8.
+  EXPECT_DOUBLE_EQ(s["step_time"]["median_s"].get<double>(), 4.5);
+  EXPECT_DOUBLE_EQ(s["step_time"]["p90_s"].get<double>(), 8.0);
+  EXPECT_EQ(s["step_time"]["steps_measured"], 10);
+  EXPECT_DOUBLE_EQ(s["tokens_per_s_median"].get<double>(), (100.0 / 4 + 100.0 / 5) / 2);
+  ASSERT_EQ(s["loss"].size(), 11u);
+  EXPECT_DOUBLE_EQ(s["loss"][10].get<double>(), -5.0);
+}
+
+}  // namespace
+}  // namespace autotp::scenario
