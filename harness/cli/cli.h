@@ -38,5 +38,8 @@ void register_init(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_train(CLI::App& app);
+void register_bench_comm(CLI::App& app);
+void register_bench_step(CLI::App& app);
+void register_bench_compare(CLI::App& app);
 
 }  // namespace autotp::cli
