@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotp/io/safetensors.h"
+#include "autotp/runtime/error.h"
 #include "cli/bench_report.h"
 #include "launcher/launcher.h"
 #include "support/cli_runner.h"
@@ -64,7 +65,9 @@ TEST_P(BenchCommWorld, EveryRowVerifiedWithExactBusFactor) {
     EXPECT_DOUBLE_EQ(row.at("algbw_GBps").get<double>(), row.at("bytes").get<double>() / time / 1e9);
     EXPECT_DOUBLE_EQ(row.at("busbw_GBps").get<double>(), row.at("algbw_GBps").get<double>() * expected_factor);
     // Split collectives move whole elements, a multiple of the world per buffer.
-    if (op == "all_gather" || op == "reduce_scatter") EXPECT_EQ(row.at("count").get<int64_t>() % n, 0);
+    if (op == "all_gather" || op == "reduce_scatter") {
+      EXPECT_EQ(row.at("count").get<int64_t>() % n, 0);
+    }
   }
   EXPECT_EQ(per_op["all_reduce"], 15);
   EXPECT_EQ(per_op["broadcast"], 10);
@@ -109,7 +112,9 @@ void expect_threads(const json& row) {
     EXPECT_EQ(rank.at("torch_threads"), expected) << rank.dump();
     EXPECT_EQ(rank.at("OMP_NUM_THREADS"), expected) << rank.dump();
     EXPECT_EQ(rank.at("OPENBLAS_NUM_THREADS"), expected) << rank.dump();
-    if (rank.at("blas_threads").get<int>() != 0) EXPECT_EQ(rank.at("blas_threads"), expected) << rank.dump();
+    if (rank.at("blas_threads").get<int>() != 0) {
+      EXPECT_EQ(rank.at("blas_threads"), expected) << rank.dump();
+    }
   }
 }
 

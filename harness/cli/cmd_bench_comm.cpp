@@ -195,15 +195,16 @@ void register_bench_comm(CLI::App& app) {
   cmd->add_option("--json", args->json, "Write the rows as JSON here (rank 0)");
   add_world_options(*cmd, args->world);
   cmd->callback([args] {
-    int launched = maybe_launch(args->world);
-    if (launched > 0) exit_with(launched);
-    if (launched == 0) return;
+    // Bad flags fail here, before any rank starts.
     const auto ops = split_list(args->ops, kOps, "--ops");
     const auto impls = split_list(args->impls, kImpls, "--impl");
     const int64_t min_bytes = static_cast<int64_t>(io::parse_byte_size(args->min_bytes));
     const int64_t max_bytes = static_cast<int64_t>(io::parse_byte_size(args->max_bytes));
     AUTOTP_USER_CHECK(min_bytes >= 4 && min_bytes <= max_bytes,
                       "--min-bytes {} and --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes);
+    int launched = maybe_launch(args->world);
+    if (launched > 0) exit_with(launched);
+    if (launched == 0) return;
     DistEnv env = DistEnv::from_environment();
     AUTOTP_USER_CHECK(env.world_size >= 2, "bench-comm needs at least 2 ranks (use --nproc N, N >= 2)");
     init_logging(LogOptions{env.rank});

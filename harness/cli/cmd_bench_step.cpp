@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
@@ -75,7 +76,7 @@ std::string volume_cell(const CollectiveVolume& v) { return fmt::format("{} / {}
 
 void register_bench_step(CLI::App& app) {
   struct Args {
-    std::string model, json, dtype = "f32";
+    std::string model, json, dtype = "f32", profile;
     int tp = 1, zero = 0;
     int64_t micro_batch = 4, seq_len = 256, gas = 1, steps = 5, warmup = 2;
     bool checkpointing = false;
@@ -98,6 +99,8 @@ void register_bench_step(CLI::App& app) {
   cmd->add_flag("--activation-checkpointing", args->checkpointing, "Recompute every layer in the backward");
   cmd->add_option("--seed", args->seed, "Seed of the weights and the random tokens (default 1)");
   cmd->add_option("--json", args->json, "Write the result as JSON here (rank 0)");
+  cmd->add_option("--profile", args->profile,
+                  "Write a Chrome trace of one more step (torch's autograd profiler) here, per rank: PATH.rankN.json");
   add_world_options(*cmd, args->world);
   cmd->callback([args] {
     int launched = maybe_launch(args->world);
@@ -186,6 +189,13 @@ void register_bench_step(CLI::App& app) {
       comm_times.push_back(comm);
       volume_matches = volume_matches && step == analytic;
       counted = step;
+    }
+
+    if (!args->profile.empty()) {
+      // An extra step under the profiler: its overhead stays out of the timed steps.
+      auto batches = make_batches(args->warmup + args->steps);
+      torch::autograd::profiler::RecordProfile guard(fmt::format("{}.rank{}.json", args->profile, rank));
+      trainer.train_step(batches);
     }
 
     // Every rank's numbers to rank 0 (outside the timed steps).
