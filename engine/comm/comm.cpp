@@ -263,8 +263,8 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
     return shape;
   }());
   const bool low_precision = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
-  torch::Tensor result = low_precision ? parts[0].to(torch::kFloat32) : parts[0].clone();
-  for (int r = 1; r < size_; ++r) result.add_(parts[r]);
+  // One pass over the received copies, in rank order; integers stay in their type.
+  torch::Tensor result = parts.sum(0, /*keepdim=*/false, low_precision ? torch::kFloat32 : full.scalar_type());
   return low_precision ? result.to(full.scalar_type()) : result;
 }
 

@@ -91,7 +91,9 @@ std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(const c10::
       std::random_device random;
       name = fmt::format("/autotp-{}-{:08x}", getpid(), random());
       const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0 || ftruncate(fd, static_cast<off_t>(total)) != 0) {
+      // Reserve the pages now: a small /dev/shm (a container's default 64 MB)
+      // then means falling back to Gloo here, not SIGBUS on first touch later.
+      if (fd < 0 || posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0) {
         if (fd >= 0) {
           close(fd);
           shm_unlink(name.c_str());

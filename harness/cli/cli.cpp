@@ -9,7 +9,6 @@
 #include "autotp/runtime/log.h"
 #include "autotp/runtime/memory_counter.h"
 #include "cli/blas_threads.h"
-#include "cli/malloc_policy.h"
 #include "launcher/launcher.h"
 
 namespace autotp::cli {
@@ -57,7 +56,6 @@ std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size) {
 
 int run(int argc, char** argv) {
   install_memory_counter();  // before any tensor exists, so every byte is counted
-  retain_freed_memory();
   g_argv.assign(argv, argv + argc);
   CLI::App app{"autotp: automatic tensor parallelism + ZeRO training for HF causal language models"};
   app.require_subcommand(1);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "autotp/comm/process_group.h"
@@ -176,7 +177,7 @@ double bus_bandwidth_factor(const std::string& op, int world) {
 void register_bench_comm(CLI::App& app) {
   struct Args {
     std::string ops = "all", impls = "all", min_bytes = "8", max_bytes = "256MiB", json;
-    int64_t factor = 2, iters = 20, warmup = 2;
+    int64_t factor = 2, iters = 20, warmup = 2, repeat = 1;
     double row_seconds = 1.0;
     WorldOptions world;
   };
@@ -191,6 +192,9 @@ void register_bench_comm(CLI::App& app) {
   cmd->add_option("--warmup", args->warmup, "Untimed calls per row first (default 2)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--row-seconds", args->row_seconds,
                   "Time budget of one row's timed calls; fewer iterations for big sizes (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat", args->repeat,
+                  "Time each row this many times, implementations interleaved; report the median (default 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--json", args->json, "Write the rows as JSON here (rank 0)");
   add_world_options(*cmd, args->world);
@@ -237,28 +241,46 @@ void register_bench_comm(CLI::App& app) {
                                "count", "op", "impl", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
     }
     int64_t failed_rows = 0;
+    // Implementations of one size run back to back, so a shared machine's load
+    // changes as little as possible between the rows they are compared by.
     for (const auto& op : ops) {
-      for (const auto& impl : impls) {
+      for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= args->factor) {
+        std::vector<std::string> row_impls;
         // The shared-memory transport only carries all-reduces: comm-gloo rows would repeat comm rows.
-        if (impl == "comm-gloo" && op != "all_reduce") continue;
-        Comm* comm = impl == "comm" ? &topology->world() : &gloo->world();
-        for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= args->factor) {
-          // Whole elements, a multiple of the world for the split collectives.
-          int64_t count = std::max<int64_t>(bytes / 4, 1);
-          if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n * n, n);
-          Collective collective(op, impl, comm, raw, rank, n, count);
-          for (int64_t i = 0; i < args->warmup; ++i) collective.run();
+        for (const auto& impl : impls)
+          if (impl != "comm-gloo" || op == "all_reduce") row_impls.push_back(impl);
+        // Whole elements, a multiple of the world for the split collectives.
+        int64_t count = std::max<int64_t>(bytes / 4, 1);
+        if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n * n, n);
+        const size_t k = row_impls.size();
+        std::vector<std::unique_ptr<Collective>> collectives;
+        std::vector<int64_t> iters(k);
+        std::vector<std::vector<double>> times(k);
+        for (size_t i = 0; i < k; ++i) {
+          Comm* comm = row_impls[i] == "comm" ? &topology->world() : &gloo->world();
+          collectives.push_back(std::make_unique<Collective>(op, row_impls[i], comm, raw, rank, n, count));
+          for (int64_t w = 0; w < args->warmup; ++w) collectives[i]->run();
           raw->barrier()->wait();
           auto start = Clock::now();
-          collective.run();
+          collectives[i]->run();
           const double first = max_over_ranks(*raw, std::chrono::duration<double>(Clock::now() - start).count());
-          const int64_t iters =
-              std::clamp<int64_t>(static_cast<int64_t>(args->row_seconds / std::max(first, 1e-9)), 1, args->iters);
-          raw->barrier()->wait();
-          start = Clock::now();
-          for (int64_t i = 0; i < iters; ++i) collective.run();
-          const double seconds =
-              max_over_ranks(*raw, std::chrono::duration<double>(Clock::now() - start).count()) / iters;
+          iters[i] = std::clamp<int64_t>(static_cast<int64_t>(args->row_seconds / std::max(first, 1e-9)), 1,
+                                         args->iters);
+        }
+        for (int64_t rep = 0; rep < args->repeat; ++rep) {
+          for (size_t i = 0; i < k; ++i) {
+            raw->barrier()->wait();
+            const auto start = Clock::now();
+            for (int64_t it = 0; it < iters[i]; ++it) collectives[i]->run();
+            times[i].push_back(max_over_ranks(*raw, std::chrono::duration<double>(Clock::now() - start).count()) /
+                               iters[i]);
+          }
+        }
+        for (size_t i = 0; i < k; ++i) {
+          const std::string& impl = row_impls[i];
+          Collective& collective = *collectives[i];
+          std::sort(times[i].begin(), times[i].end());
+          const double seconds = times[i][times[i].size() / 2];  // median of the repeats
           const int64_t wrong = sum_over_ranks(*raw, collective.check());
           if (wrong != 0) ++failed_rows;
           const double factor = bus_bandwidth_factor(op, n);
@@ -269,7 +291,8 @@ void register_bench_comm(CLI::App& app) {
                                 {"bytes", collective.bytes()},
                                 {"count", count},
                                 {"world", n},
-                                {"iterations", iters},
+                                {"iterations", iters[i]},
+                                {"repeats", args->repeat},
                                 {"time_s", seconds},
                                 {"algbw_GBps", algbw},
                                 {"bus_factor", factor},
@@ -280,7 +303,7 @@ void register_bench_comm(CLI::App& app) {
           report.add(row);
           if (rank == 0)
             std::cout << fmt::format("  {:>12} {:>10}  {:<14} {:<9} {:>6} {:>11.1f} {:>11.3f} {:>11.3f}  {}\n",
-                                     collective.bytes(), count, op, impl, iters, seconds * 1e6, algbw,
+                                     collective.bytes(), count, op, impl, iters[i], seconds * 1e6, algbw,
                                      algbw * factor, wrong == 0 ? "ok" : fmt::format("FAILED ({} wrong)", wrong))
                       << std::flush;
         }

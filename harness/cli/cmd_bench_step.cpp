@@ -20,6 +20,7 @@
 #include "cli/bench_report.h"
 #include "cli/blas_threads.h"
 #include "cli/cli.h"
+#include "cli/malloc_policy.h"
 #include "launcher/launcher.h"
 
 namespace autotp::cli {
@@ -106,6 +107,7 @@ void register_bench_step(CLI::App& app) {
     int launched = maybe_launch(args->world);
     if (launched > 0) exit_with(launched);
     if (launched == 0) return;
+    retain_freed_memory();  // steps repeat the same allocations: reuse them instead of faulting pages in
     auto source = resolve_model(args->model);
     DistEnv env = DistEnv::from_environment();
     const torch::ScalarType dtype = parse_dtype(args->dtype);
