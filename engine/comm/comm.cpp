@@ -1,5 +1,7 @@
 #include "autotp/comm/comm.h"
 
+#include "autotp/comm/shared_memory_transport.h"
+
 #include <c10/core/WrapDimMinimal.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -63,9 +65,31 @@ torch::Tensor movement_view(const torch::Tensor& tensor) {
   }
 }
 
+// Adds the wall time of one counted collective to the stats.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 }  // namespace
 
 Comm::Comm() : global_ranks_{0} {}
+
+void Comm::use_shared_memory(std::shared_ptr<SharedMemoryTransport> transport) {
+  TORCH_CHECK(!transport || transport->size() == size_, "Comm::use_shared_memory on group '", name_,
+              "': a transport for ", transport ? transport->size() : 0, " ranks given to a group of ", size_);
+  shm_ = std::move(transport);
+}
+
+void Comm::fail(const char* op, const std::exception& error) const {
+  throw std::runtime_error(fmt::format("Comm::{} on group '{}' (rank {} of {}, global ranks [{}]) failed: {}", op,
+                                       name_, rank_, size_, fmt::join(global_ranks_, ", "), error_text(error)));
+}
 
 Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name)
     : group_(std::move(group)), global_ranks_(std::move(global_ranks)), name_(std::move(name)) {
@@ -88,9 +112,7 @@ void Comm::run(const char* op, Start&& start) {
     c10::intrusive_ptr<c10d::Work> work = start();
     work->wait();
   } catch (const std::exception& error) {
-    throw std::runtime_error(
-        fmt::format("Comm::{} on group '{}' (rank {} of {}, global ranks [{}]) failed: {}", op, name_, rank_,
-                    size_, fmt::join(global_ranks_, ", "), error_text(error)));
+    fail(op, error);
   }
 }
 
@@ -98,6 +120,7 @@ void Comm::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   if (size_ == 1) return;
   stats_.all_reduce_calls += 1;
   stats_.all_reduce_bytes += static_cast<int64_t>(tensor.nbytes());
+  Stopwatch timed(stats_.seconds);
   all_reduce_in_place(tensor, op, "all_reduce");
 }
 
@@ -105,6 +128,15 @@ void Comm::all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* o
   if (tensor.numel() == 0) return;
   torch::NoGradGuard no_grad;
   torch::Tensor buffer = reduction_buffer(tensor);
+  if (shm_) {
+    try {
+      shm_->all_reduce(buffer, op);
+    } catch (const std::exception& error) {
+      fail(op_name, error);
+    }
+    if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+    return;
+  }
   run(op_name, [&] {
     std::vector<at::Tensor> tensors{buffer};
     c10d::AllreduceOptions options;
@@ -121,6 +153,7 @@ void Comm::broadcast(torch::Tensor& tensor, int root) {
   stats_.broadcast_calls += 1;
   stats_.broadcast_bytes += static_cast<int64_t>(tensor.nbytes());
   if (tensor.numel() == 0) return;
+  Stopwatch timed(stats_.seconds);
   torch::NoGradGuard no_grad;
   torch::Tensor buffer = movement_view(tensor.contiguous());
   run("broadcast", [&] {
@@ -156,6 +189,7 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
   if (c10::multiply_integers(padded_shape) == 0) return torch::empty(gathered_shape, local.options());
 
   torch::NoGradGuard no_grad;
+  Stopwatch timed(stats_.seconds);
   // Gloo's allgather needs every rank's block to have the same shape: uneven
   // shards are padded to the largest and cut back after the gather.
   torch::Tensor input;
@@ -165,18 +199,22 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
     input = torch::zeros(padded_shape, local.options());
     input.narrow(dim, 0, local.size(dim)).copy_(local);
   }
-  std::vector<torch::Tensor> blocks;
-  blocks.reserve(size_);
-  for (int r = 0; r < size_; ++r) blocks.push_back(torch::empty(padded_shape, local.options()));
+  // The blocks are consecutive slices of one buffer: along dim 0 with even
+  // extents that buffer is the result itself (no concatenation copy).
+  std::vector<int64_t> stacked_shape = padded_shape;
+  stacked_shape.insert(stacked_shape.begin(), size_);
+  torch::Tensor stacked = torch::empty(stacked_shape, local.options());
   run("all_gather", [&] {
     std::vector<std::vector<at::Tensor>> outputs(1);
-    for (auto& block : blocks) outputs[0].push_back(movement_view(block));
+    for (int r = 0; r < size_; ++r) outputs[0].push_back(movement_view(stacked[r]));
     std::vector<at::Tensor> inputs{movement_view(input)};
     return group_->allgather(outputs, inputs);
   });
-  for (int r = 0; r < size_; ++r) {
-    if (extents[r] != max_extent) blocks[r] = blocks[r].narrow(dim, 0, extents[r]);
-  }
+  const bool even = std::all_of(extents.begin(), extents.end(), [&](int64_t e) { return e == max_extent; });
+  if (dim == 0 && even) return stacked.view(gathered_shape);
+  std::vector<torch::Tensor> blocks;
+  blocks.reserve(size_);
+  for (int r = 0; r < size_; ++r) blocks.push_back(stacked[r].narrow(dim, 0, extents[r]));
   return torch::cat(blocks, dim);
 }
 
@@ -197,16 +235,37 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
   stats_.reduce_scatter_calls += 1;
   stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
 
-  const int64_t offset = std::accumulate(extents.begin(), extents.begin() + rank_, int64_t{0});
   torch::NoGradGuard no_grad;
+  Stopwatch timed(stats_.seconds);
   // LibTorch 1.13's ProcessGroupGloo implements neither reduce_scatter nor
-  // _reduce_scatter_base, so the whole tensor is summed and each rank keeps its
-  // rows: twice the traffic of a true reduce-scatter, same result (the comm
-  // benchmark measures what this costs).
-  torch::Tensor summed = full.clone(at::MemoryFormat::Contiguous);
-  all_reduce_in_place(summed, ReduceOp::kSum, "reduce_scatter");
-  // A copy, so the caller's chunk does not keep the full buffer alive.
-  return summed.narrow(0, offset, extents[rank_]).clone();
+  // _reduce_scatter_base. An all-to-all moves exactly a reduce-scatter's
+  // traffic: rank r sends rows of chunk q to rank q and receives every rank's
+  // copy of chunk r, then sums them in rank order. Types Gloo cannot add travel
+  // as bytes here, and the sum runs in fp32 for bfloat16 (as all_reduce does).
+  const int64_t row_numel = full.numel() / std::max<int64_t>(full.size(0), 1);
+  std::vector<int64_t> output_shape = full.sizes().vec();
+  output_shape[0] = extents[rank_] * size_;
+  std::vector<int64_t> input_counts(extents.begin(), extents.end());
+  std::vector<int64_t> output_counts(size_, extents[rank_]);
+  torch::Tensor input = full.contiguous();
+  torch::Tensor received = torch::empty(output_shape, full.options());
+  if (row_numel > 0 && total > 0) {
+    run("reduce_scatter", [&] {
+      at::Tensor out = movement_view(received), in = movement_view(input);
+      return group_->alltoall_base(out, in, output_counts, input_counts);
+    });
+  }
+  std::vector<int64_t> chunk_shape = full.sizes().vec();
+  chunk_shape[0] = extents[rank_];
+  auto parts = received.view([&] {
+    std::vector<int64_t> shape = chunk_shape;
+    shape.insert(shape.begin(), size_);
+    return shape;
+  }());
+  const bool low_precision = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
+  // One pass over the received copies, in rank order; integers stay in their type.
+  torch::Tensor result = parts.sum(0, /*keepdim=*/false, low_precision ? torch::kFloat32 : full.scalar_type());
+  return low_precision ? result.to(full.scalar_type()) : result;
 }
 
 void Comm::barrier() {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "autotp/comm/shared_memory_transport.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
 
@@ -35,6 +36,17 @@ c10::intrusive_ptr<c10d::ProcessGroup> open_group(const TopologyOptions& options
 std::unique_ptr<Comm> solo(int global_rank, const char* name) {
   return std::make_unique<Comm>(c10::intrusive_ptr<c10d::ProcessGroup>(), std::vector<int>{global_rank},
                                 name);
+}
+
+// All-reduces of a group whose members share this host go through shared
+// memory; the rendezvous runs in the group's own corner of the store.
+void attach_shared_memory(Comm& comm, const TopologyOptions& options, const c10::intrusive_ptr<c10d::Store>& store,
+                          const std::string& prefix) {
+  if (!options.shared_memory || comm.size() == 1) return;
+  SharedMemoryOptions shm;
+  shm.timeout = options.timeout;
+  comm.use_shared_memory(SharedMemoryTransport::create(prefix_store(prefix + "/shm", store), comm.rank(),
+                                                       comm.size(), shm));
 }
 
 }  // namespace
@@ -109,27 +121,35 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
   for (int r = 0; r < world_size; ++r) all[r] = r;
   auto world_group = open_group(options, store, "world", rank, world_size, rank);
   topology->world_ = std::make_unique<Comm>(world_group, all, "world");
+  attach_shared_memory(*topology->world_, options, store, "world");
 
   // A tp (dp) group that spans the world reuses the world's process group
   // rather than opening a second full mesh of connections.
   if (tp_size == 1) {
     topology->tp_ = solo(rank, "tp");
   } else if (tp_size == world_size) {
+    // Shares the world's group, so it shares the world's transport too.
     topology->tp_ = std::make_unique<Comm>(world_group, all, "tp");
+    if (topology->world_->uses_shared_memory()) topology->tp_->use_shared_memory(topology->world_->shared_memory());
   } else {
-    auto group = open_group(options, store, fmt::format("tp/{}", dp_rank), tp_rank, tp_size, rank);
+    const std::string prefix = fmt::format("tp/{}", dp_rank);
+    auto group = open_group(options, store, prefix, tp_rank, tp_size, rank);
     topology->tp_ = std::make_unique<Comm>(group, tp_group_ranks(rank, world_size, tp_size), "tp");
+    attach_shared_memory(*topology->tp_, options, store, prefix);
   }
   if (dp_size == 1) {
     topology->dp_ = solo(rank, "dp");
   } else if (dp_size == world_size) {
     topology->dp_ = std::make_unique<Comm>(world_group, all, "dp");
+    if (topology->world_->uses_shared_memory()) topology->dp_->use_shared_memory(topology->world_->shared_memory());
   } else {
-    auto group = open_group(options, store, fmt::format("dp/{}", tp_rank), dp_rank, dp_size, rank);
+    const std::string prefix = fmt::format("dp/{}", tp_rank);
+    auto group = open_group(options, store, prefix, dp_rank, dp_size, rank);
     topology->dp_ = std::make_unique<Comm>(group, dp_group_ranks(rank, world_size, tp_size), "dp");
+    attach_shared_memory(*topology->dp_, options, store, prefix);
   }
-  log().debug("topology: rank {} of {} -> dp {} of {}, tp {} of {}", rank, world_size, dp_rank, dp_size,
-              tp_rank, tp_size);
+  log().debug("topology: rank {} of {} -> dp {} of {}, tp {} of {}, shared-memory all-reduce {}", rank, world_size,
+              dp_rank, dp_size, tp_rank, tp_size, topology->world_->uses_shared_memory() ? "on" : "off");
   return topology;
 }
 

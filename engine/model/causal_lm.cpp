@@ -9,6 +9,7 @@
 #include <set>
 
 #include "autotp/comm/autograd_collectives.h"
+#include "autotp/model/attention.h"
 #include "autotp/runtime/error.h"
 #include "autotp/tp/parallel_layers.h"
 
@@ -246,19 +247,7 @@ torch::Tensor CausalLM::attention(const std::string& q_param, const torch::Tenso
                                   const torch::Tensor& v) {
   // q: [B, Hq, T, D]; k, v: [B, Hkv_local, T, D]
   auto heads = local_heads(config_, find(q_param)->spec(), tp_.rank());
-  auto kv_index = torch::tensor(heads.kv_index, torch::kLong);
-  auto k_sel = k.index_select(1, kv_index), v_sel = v.index_select(1, kv_index);
-  const int64_t T = q.size(2);
-  torch::Tensor scores;
-  if (config_.family == ModelFamily::kGpt2)
-    scores = torch::matmul(q, k_sel.transpose(-1, -2)) / std::sqrt(static_cast<double>(config_.head_dim));
-  else
-    scores = torch::matmul(q, k_sel.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
-  auto causal = torch::ones({T, T}, torch::kBool).triu(1);
-  scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
-  auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
-  auto out = torch::matmul(probs, v_sel);  // [B, H, T, D]
-  return out.transpose(1, 2).reshape({q.size(0), T, heads.count * config_.head_dim});
+  return causal_attention(q, k, v, heads.kv_index, 1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
 }
 
 torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,

@@ -8,6 +8,7 @@
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
 #include "autotp/runtime/memory_counter.h"
+#include "cli/blas_threads.h"
 #include "launcher/launcher.h"
 
 namespace autotp::cli {
@@ -41,6 +42,7 @@ std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size) {
   init_logging(LogOptions{env.rank});
   int threads = options.threads > 0 ? options.threads : env.threads;
   if (threads > 0) at::set_num_threads(threads);
+  set_blas_threads(threads);
   TopologyOptions topo;
   topo.tp_size = tp_size;
   topo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
@@ -65,6 +67,9 @@ int run(int argc, char** argv) {
   register_export(app);
   register_reshard(app);
   register_scenario(app);
+  register_bench_comm(app);
+  register_bench_step(app);
+  register_bench_compare(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

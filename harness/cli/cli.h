@@ -41,5 +41,8 @@ void register_train(CLI::App& app);
 void register_export(CLI::App& app);
 void register_reshard(CLI::App& app);
 void register_scenario(CLI::App& app);
+void register_bench_comm(CLI::App& app);
+void register_bench_step(CLI::App& app);
+void register_bench_compare(CLI::App& app);
 
 }  // namespace autotp::cli

@@ -16,12 +16,17 @@ namespace autotp {
 
 enum class ReduceOp { kSum, kMax, kMin };
 
+class SharedMemoryTransport;  // comm/shared_memory_transport.h
+
 // Counts what went through a Comm (benchmarks and communication-volume checks).
 struct CommStats {
   int64_t all_reduce_calls = 0, all_reduce_bytes = 0;
   int64_t all_gather_calls = 0, all_gather_bytes = 0;          // bytes of the gathered output
   int64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;  // bytes of the full input
   int64_t broadcast_calls = 0, broadcast_bytes = 0;
+  double seconds = 0;  // wall time spent inside counted collectives (the communication share of a step)
+  int64_t calls() const { return all_reduce_calls + all_gather_calls + reduce_scatter_calls + broadcast_calls; }
+  int64_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes; }
 };
 
 class Comm {
@@ -46,18 +51,27 @@ class Comm {
                            const std::vector<int64_t>& sizes = {});
   // Sums `full` over ranks and returns this rank's chunk along dim 0 (`sizes`:
   // every rank's chunk length; empty = equal chunks). LibTorch 1.13's Gloo has no
-  // reduce_scatter, so this is an all-reduce of `full` followed by a copy of the
-  // own chunk (twice the traffic of a true reduce-scatter).
+  // reduce_scatter, so this is an all-to-all (each rank receives every rank's
+  // copy of its own chunk: the traffic of a true reduce-scatter) and a local sum
+  // in rank order.
   torch::Tensor reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
   void barrier();
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
+  // All-reduces of this group go through `transport` (every member on this
+  // host, see shared_memory_transport.h) instead of the process group; null
+  // restores the process group. Every member must make the same choice.
+  void use_shared_memory(std::shared_ptr<SharedMemoryTransport> transport);
+  bool uses_shared_memory() const { return shm_ != nullptr; }
+  const std::shared_ptr<SharedMemoryTransport>& shared_memory() const { return shm_; }
+
  private:
   // Starts one c10d op and waits; failures rethrown naming the op and the group.
   template <typename Start>
   void run(const char* op, Start&& start);
+  [[noreturn]] void fail(const char* op, const std::exception& error) const;
   void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
@@ -66,6 +80,7 @@ class Comm {
   int rank_ = 0;
   int size_ = 1;
   CommStats stats_;
+  std::shared_ptr<SharedMemoryTransport> shm_;
 };
 
 }  // namespace autotp

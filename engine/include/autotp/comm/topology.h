@@ -14,6 +14,9 @@ struct TopologyOptions {
   int tp_size = 1;                                             // tensor_parallel.autotp_size
   Backend backend = Backend::kGloo;                            // gloo for CPU tensors
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
+  // Groups whose members all run on this host all-reduce through shared memory
+  // (Gloo otherwise); AUTOTP_SHARED_MEMORY=0 in the environment turns it off.
+  bool shared_memory = true;
 };
 
 class Topology {

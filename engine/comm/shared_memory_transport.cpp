@@ -1,0 +1,210 @@
+#include "autotp/comm/shared_memory_transport.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace autotp {
+namespace {
+
+constexpr int kMaxMembers = 64;
+constexpr size_t kLine = 64;  // one counter per cache line, so ranks do not share lines
+
+struct alignas(kLine) Counter {
+  std::atomic<int64_t> generation{0};
+};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "shared-memory counters need lock-free 64-bit atomics");
+
+Counter* counters(void* mapping) { return static_cast<Counter*>(mapping); }
+
+std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+// Same host means the same hostname and the same kernel boot: containers on one
+// machine that share /dev/shm qualify, two machines with equal names do not.
+std::string host_identity() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(name) + "/" + boot;
+}
+
+// A process that exited (or is a zombie not yet reaped) is gone.
+bool process_alive(int64_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  if (!stat) return false;
+  std::string line;
+  std::getline(stat, line);
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                     int rank, int size,
+                                                                     const SharedMemoryOptions& options) {
+  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "SharedMemoryTransport: rank ", rank, " of ", size);
+  TORCH_CHECK(options.slot_bytes >= 64 && options.slot_bytes % 64 == 0,
+              "SharedMemoryTransport: slot_bytes must be a positive multiple of 64, got ", options.slot_bytes);
+  if (size == 1 || size > kMaxMembers) return nullptr;
+  const size_t header = kMaxMembers * sizeof(Counter);
+  const size_t total = header + 2 * static_cast<size_t>(size) * options.slot_bytes;
+
+  store->set(fmt::format("host/{}", rank), bytes_of(fmt::format("{} {}", host_identity(), getpid())));
+  std::vector<int64_t> pids(size);
+  bool one_host = true;
+  const std::string mine = host_identity();
+  for (int r = 0; r < size; ++r) {
+    const std::string entry = text_of(store->get(fmt::format("host/{}", r)));
+    const auto space = entry.rfind(' ');
+    one_host = one_host && entry.substr(0, space) == mine;
+    pids[r] = std::stoll(entry.substr(space + 1));
+  }
+
+  // Rank 0 names and sizes the segment ("" = no shared memory for this group).
+  std::string name;
+  if (rank == 0) {
+    const char* enabled = std::getenv("AUTOTP_SHARED_MEMORY");
+    const bool wanted = one_host && !(enabled && std::string(enabled) == "0");
+    if (wanted) {
+      std::random_device random;
+      name = fmt::format("/autotp-{}-{:08x}", getpid(), random());
+      const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      // Reserve the pages now: a small /dev/shm (a container's default 64 MB)
+      // then means falling back to Gloo here, not SIGBUS on first touch later.
+      if (fd < 0 || posix_fallocate(fd, 0, static_cast<off_t>(total)) != 0) {
+        if (fd >= 0) {
+          close(fd);
+          shm_unlink(name.c_str());
+        }
+        name.clear();
+      } else {
+        close(fd);
+      }
+    }
+    store->set("name", bytes_of(name));
+  } else {
+    name = text_of(store->get("name"));
+  }
+  if (name.empty()) return nullptr;
+
+  auto transport = std::shared_ptr<SharedMemoryTransport>(new SharedMemoryTransport());
+  transport->rank_ = rank;
+  transport->size_ = size;
+  transport->options_ = options;
+  transport->member_pids_ = pids;
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd >= 0) {
+    void* mapping = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (mapping != MAP_FAILED) {
+      transport->mapping_ = mapping;
+      transport->mapping_bytes_ = total;
+    }
+  }
+  // Every member reports; all keep the segment only if all mapped it.
+  store->set(fmt::format("mapped/{}", rank), bytes_of(transport->mapping_ ? "1" : "0"));
+  bool all_mapped = true;
+  for (int r = 0; r < size; ++r) all_mapped = all_mapped && text_of(store->get(fmt::format("mapped/{}", r))) == "1";
+  if (rank == 0) shm_unlink(name.c_str());  // every member holds a mapping (or gave up): no file left behind
+  if (!all_mapped) return nullptr;
+  return transport;
+}
+
+SharedMemoryTransport::~SharedMemoryTransport() {
+  if (mapping_) munmap(mapping_, mapping_bytes_);
+}
+
+uint8_t* SharedMemoryTransport::slot(int64_t set, int member) const {
+  const size_t header = kMaxMembers * sizeof(Counter);
+  return static_cast<uint8_t*>(mapping_) + header +
+         (static_cast<size_t>(set) * size_ + member) * static_cast<size_t>(options_.slot_bytes);
+}
+
+void SharedMemoryTransport::wait_for_all(int64_t generation) {
+  Counter* c = counters(mapping_);
+  int64_t spins = 0;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  auto next_check = std::chrono::steady_clock::time_point::min();
+  for (int member = 0; member < size_;) {
+    if (c[member].generation.load(std::memory_order_acquire) >= generation) {
+      ++member;
+      continue;
+    }
+    if (++spins < 2000) {
+      cpu_relax();
+      continue;
+    }
+    sched_yield();
+    if (spins % 64 != 0) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (deadline == std::chrono::steady_clock::time_point::max()) deadline = now + options_.timeout;
+    if (now >= deadline)
+      throw std::runtime_error(fmt::format("shared-memory all-reduce timed out after {} ms waiting for rank {}",
+                                           options_.timeout.count(), member));
+    if (now >= next_check) {
+      if (!process_alive(member_pids_[member]))
+        throw std::runtime_error(fmt::format("shared-memory all-reduce: rank {} (pid {}) has exited", member,
+                                             member_pids_[member]));
+      next_check = now + std::chrono::milliseconds(20);
+    }
+  }
+}
+
+void SharedMemoryTransport::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  TORCH_CHECK(tensor.is_contiguous(), "SharedMemoryTransport::all_reduce needs a contiguous tensor");
+  torch::NoGradGuard no_grad;
+  const int64_t element = static_cast<int64_t>(tensor.element_size());
+  const int64_t chunk = options_.slot_bytes / element;
+  auto flat = tensor.view({-1});
+  const auto options = tensor.options();
+  Counter* c = counters(mapping_);
+  for (int64_t offset = 0; offset < flat.numel(); offset += chunk) {
+    const int64_t length = std::min(chunk, flat.numel() - offset);
+    const int64_t generation = ++generation_;
+    const int64_t set = generation % 2;
+    auto out = flat.narrow(0, offset, length);
+    std::memcpy(slot(set, rank_), out.data_ptr(), static_cast<size_t>(length * element));
+    c[rank_].generation.store(generation, std::memory_order_release);
+    wait_for_all(generation);
+    auto member = [&](int r) { return torch::from_blob(slot(set, r), {length}, options); };
+    // The same order on every rank: bit-identical results everywhere.
+    switch (op) {
+      case ReduceOp::kSum:
+        at::add_out(out, member(0), member(1));
+        for (int r = 2; r < size_; ++r) out.add_(member(r));
+        break;
+      case ReduceOp::kMax:
+        at::maximum_out(out, member(0), member(1));
+        for (int r = 2; r < size_; ++r) at::maximum_out(out, out, member(r));
+        break;
+      case ReduceOp::kMin:
+        at::minimum_out(out, member(0), member(1));
+        for (int r = 2; r < size_; ++r) at::minimum_out(out, out, member(r));
+        break;
+    }
+  }
+}
+
+}  // namespace autotp

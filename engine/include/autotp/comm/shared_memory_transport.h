@@ -1,0 +1,66 @@
+// SharedMemoryTransport: all-reduce among the members of one group that all run
+// on this host, through one POSIX shared-memory segment instead of loopback TCP.
+// Each rank copies a chunk of its tensor into its own slot, announces it with a
+// per-rank generation counter, waits for every member, then sums (max, min) all
+// slots in rank order into its tensor. Every rank therefore gets bit-identical
+// results, as with Gloo. Two slot sets alternate, so one wait per chunk is
+// enough: a rank that has announced generation g has finished reading g - 1.
+//
+// Waiting spins briefly, then yields; it throws when the group's timeout passes
+// or when a member process is gone (dead peers fail fast, as with Gloo).
+// Not thread safe: one caller at a time, and every member must issue the same
+// sequence of all-reduces (the rule for any collective). Comm is its user.
+#pragma once
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "autotp/comm/comm.h"
+
+namespace autotp {
+
+struct SharedMemoryOptions {
+  int64_t slot_bytes = 4 << 20;                                // bytes per rank per chunk (two sets are kept)
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // one all-reduce, and the rendezvous
+};
+
+class SharedMemoryTransport {
+ public:
+  // Collective over the `size` members of a group meeting in `store` (a prefix
+  // store of their own). Returns null on every member when they are not all on
+  // this host (hostname and boot id differ), when AUTOTP_SHARED_MEMORY=0 is set
+  // on rank 0, or when any member cannot map the segment; the caller then keeps
+  // its process group. The segment is unlinked once every member has mapped it.
+  static std::shared_ptr<SharedMemoryTransport> create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                       int size, const SharedMemoryOptions& options = {});
+  ~SharedMemoryTransport();
+  SharedMemoryTransport(const SharedMemoryTransport&) = delete;
+  SharedMemoryTransport& operator=(const SharedMemoryTransport&) = delete;
+
+  // In place; `tensor` must be contiguous and of a dtype torch can add (the Comm
+  // converts bfloat16 to float32 first, as for Gloo).
+  void all_reduce(torch::Tensor& tensor, ReduceOp op);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  SharedMemoryTransport() = default;
+  void wait_for_all(int64_t generation);
+  uint8_t* slot(int64_t set, int member) const;
+
+  int rank_ = 0, size_ = 1;
+  SharedMemoryOptions options_;
+  void* mapping_ = nullptr;
+  size_t mapping_bytes_ = 0;
+  int64_t generation_ = 0;
+  std::vector<int64_t> member_pids_;
+};
+
+}  // namespace autotp

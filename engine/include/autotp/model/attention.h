@@ -1,0 +1,16 @@
+// Causal self-attention over one rank's heads, the one implementation every
+// model family uses (and bench_layers measures).
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace autotp {
+
+// q: [B, Hq, T, D]; k, v: [B, Hkv, T, D]; kv_index[h] = the kv head query head
+// h reads (GQA). Scores are q k^T * scale with future positions masked, the
+// softmax runs in fp32, the result is [B, T, Hq * D] in q's dtype.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const std::vector<int64_t>& kv_index, double scale);
+
+}  // namespace autotp

@@ -1,0 +1,321 @@
+// `autotp bench-comm`: collective benchmark in the spirit of nccl-tests. Every
+// row times one collective at one size over one implementation, reports time,
+// algorithm bandwidth and bus bandwidth, and checks the result against a closed
+// form (rank-distinct small integers, so float32 sums are exact).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "autotp/comm/process_group.h"
+#include "autotp/comm/topology.h"
+#include "autotp/io/safetensors.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/log.h"
+#include "cli/bench_report.h"
+#include "cli/cli.h"
+
+namespace autotp::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+const std::vector<std::string> kImpls = {"comm", "comm-gloo", "c10d"};
+
+// A collective over one of the implementations; `count` float32 elements of
+// the full buffer (all-reduce and broadcast: the tensor; all-gather: the
+// gathered output; reduce-scatter: the input that is summed and split).
+class Collective {
+ public:
+  Collective(std::string op, std::string impl, Comm* comm, c10::intrusive_ptr<c10d::ProcessGroup> raw, int rank,
+             int size, int64_t count)
+      : op_(std::move(op)), impl_(std::move(impl)), comm_(comm), raw_(std::move(raw)), rank_(rank), size_(size),
+        count_(count) {
+    const int64_t chunk = count_ / size_;
+    if (op_ == "all_gather") {
+      input_ = torch::empty({chunk});
+    } else {
+      input_ = torch::empty({count_});
+    }
+    input_.fill_(1.0f);
+  }
+
+  // One timed call (the result of repeated in-place calls is not checked).
+  void run() { (void)apply(input_); }
+
+  // One call on rank-distinct data; returns the number of wrong elements here.
+  int64_t check() {
+    const int64_t chunk = count_ / size_;
+    auto pattern = [](int64_t n, int64_t offset) {
+      return (torch::arange(offset, offset + n, torch::kLong) % 13 + 1).to(torch::kFloat32);
+    };
+    const float rank_sum = static_cast<float>(size_) * (size_ + 1) / 2;
+    torch::Tensor input, expected;
+    if (op_ == "all_reduce") {
+      input = pattern(count_, 0) * static_cast<float>(rank_ + 1);
+      expected = pattern(count_, 0) * rank_sum;
+    } else if (op_ == "all_gather") {
+      // Rank q contributes 1000 q + pattern: every block lands where it belongs.
+      input = pattern(chunk, 0) + 1000.0f * rank_;
+      std::vector<torch::Tensor> blocks;
+      for (int q = 0; q < size_; ++q) blocks.push_back(pattern(chunk, 0) + 1000.0f * q);
+      expected = torch::cat(blocks);
+    } else if (op_ == "reduce_scatter") {
+      input = pattern(count_, 0) * static_cast<float>(rank_ + 1);
+      expected = pattern(chunk, chunk * rank_) * rank_sum;
+    } else {
+      input = rank_ == 0 ? pattern(count_, 0) : torch::full({count_}, -1.0f);
+      expected = pattern(count_, 0);
+    }
+    torch::Tensor result = apply(input);
+    if (!result.sizes().equals(expected.sizes())) return std::max<int64_t>(expected.numel(), 1);
+    return result.ne(expected).sum().item<int64_t>();
+  }
+
+  int64_t bytes() const { return count_ * 4; }
+
+ private:
+  // Runs the collective on `input` and returns the result (in place for all-reduce and broadcast).
+  torch::Tensor apply(torch::Tensor& input) {
+    const int64_t chunk = count_ / size_;
+    if (impl_ != "c10d") {
+      if (op_ == "all_reduce") {
+        comm_->all_reduce(input);
+        return input;
+      }
+      if (op_ == "all_gather") return comm_->all_gather(input, 0);
+      if (op_ == "reduce_scatter") return comm_->reduce_scatter(input);
+      comm_->broadcast(input, 0);
+      return input;
+    }
+    // Raw c10d, as a caller of the ProcessGroup API would write it.
+    if (op_ == "all_reduce") {
+      std::vector<at::Tensor> tensors{input};
+      raw_->allreduce(tensors)->wait();
+      return input;
+    }
+    if (op_ == "all_gather") {
+      torch::Tensor output = torch::empty({chunk * size_});
+      std::vector<std::vector<at::Tensor>> outputs(1);
+      for (int q = 0; q < size_; ++q) outputs[0].push_back(output.narrow(0, q * chunk, chunk));
+      std::vector<at::Tensor> inputs{input};
+      raw_->allgather(outputs, inputs)->wait();
+      return output;
+    }
+    if (op_ == "reduce_scatter") {
+      // 1.13's ProcessGroupGloo::reduce_scatter throws; the all-to-all of the
+      // chunks plus a local sum is the reduce-scatter c10d's Gloo can do.
+      torch::Tensor received = torch::empty({chunk * size_});
+      std::vector<int64_t> counts(size_, chunk);
+      raw_->alltoall_base(received, input, counts, counts)->wait();
+      return received.view({size_, chunk}).sum(0);
+    }
+    std::vector<at::Tensor> tensors{input};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    raw_->broadcast(tensors, options)->wait();
+    return input;
+  }
+
+  std::string op_, impl_;
+  Comm* comm_;
+  c10::intrusive_ptr<c10d::ProcessGroup> raw_;
+  int rank_, size_;
+  int64_t count_;
+  torch::Tensor input_;
+};
+
+// Max over ranks of a double (times: a collective ends when its slowest rank does).
+double max_over_ranks(c10d::ProcessGroup& group, double value) {
+  auto t = torch::tensor({value}, torch::kFloat64);
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  group.allreduce(tensors, options)->wait();
+  return t.item<double>();
+}
+
+int64_t sum_over_ranks(c10d::ProcessGroup& group, int64_t value) {
+  auto t = torch::tensor({value}, torch::kLong);
+  std::vector<at::Tensor> tensors{t};
+  group.allreduce(tensors)->wait();
+  return t.item<int64_t>();
+}
+
+std::vector<std::string> split_list(const std::string& text, const std::vector<std::string>& allowed,
+                                    const char* flag) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(start, end - start);
+    if (item == "all") return allowed;
+    AUTOTP_USER_CHECK(std::find(allowed.begin(), allowed.end(), item) != allowed.end(),
+                      "{} '{}' is not known (allowed: {}, all)", flag, item, fmt::join(allowed, ", "));
+    items.push_back(item);
+    start = end + 1;
+  }
+  return items;
+}
+
+}  // namespace
+
+double bus_bandwidth_factor(const std::string& op, int world) {
+  const double n = world;
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter") return (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  throw_user_error("unknown collective '{}' (allowed: {})", op, fmt::join(kOps, ", "));
+}
+
+void register_bench_comm(CLI::App& app) {
+  struct Args {
+    std::string ops = "all", impls = "all", min_bytes = "8", max_bytes = "256MiB", json;
+    int64_t factor = 2, iters = 20, warmup = 2, repeat = 1;
+    double row_seconds = 1.0;
+    WorldOptions world;
+  };
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("bench-comm", "Collective benchmark (nccl-tests style): time, algbw, busbw, checked");
+  cmd->add_option("--ops", args->ops, "Comma list of all_reduce, all_gather, reduce_scatter, broadcast, or all");
+  cmd->add_option("--impl", args->impls, "Comma list of comm, comm-gloo, c10d, or all (see bench/README.md)");
+  cmd->add_option("--min-bytes", args->min_bytes, "Smallest buffer (default 8; KB/MB/GB, KiB/MiB/GiB)");
+  cmd->add_option("--max-bytes", args->max_bytes, "Largest buffer (default 256MiB)");
+  cmd->add_option("--factor", args->factor, "Size multiplier between rows (default 2)")->check(CLI::Range(2, 1024));
+  cmd->add_option("--iters", args->iters, "Timed calls per row, at most (default 20)")->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", args->warmup, "Untimed calls per row first (default 2)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--row-seconds", args->row_seconds,
+                  "Time budget of one row's timed calls; fewer iterations for big sizes (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat", args->repeat,
+                  "Time each row this many times, implementations interleaved; report the median (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--json", args->json, "Write the rows as JSON here (rank 0)");
+  add_world_options(*cmd, args->world);
+  cmd->callback([args] {
+    // Bad flags fail here, before any rank starts.
+    const auto ops = split_list(args->ops, kOps, "--ops");
+    const auto impls = split_list(args->impls, kImpls, "--impl");
+    const int64_t min_bytes = static_cast<int64_t>(io::parse_byte_size(args->min_bytes));
+    const int64_t max_bytes = static_cast<int64_t>(io::parse_byte_size(args->max_bytes));
+    AUTOTP_USER_CHECK(min_bytes >= 4 && min_bytes <= max_bytes,
+                      "--min-bytes {} and --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes);
+    int launched = maybe_launch(args->world);
+    if (launched > 0) exit_with(launched);
+    if (launched == 0) return;
+    DistEnv env = DistEnv::from_environment();
+    AUTOTP_USER_CHECK(env.world_size >= 2, "bench-comm needs at least 2 ranks (use --nproc N, N >= 2)");
+    init_logging(LogOptions{env.rank});
+    const int threads = args->world.threads > 0 ? args->world.threads : env.threads;
+    if (threads > 0) at::set_num_threads(threads);
+
+    // One store; our Comm with and without shared memory, and a raw process group.
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args->world.timeout_s * 1000));
+    StoreOptions store_options;
+    store_options.timeout = timeout;
+    auto store = create_tcp_store(env, store_options);
+    TopologyOptions with_shm;
+    with_shm.timeout = timeout;
+    TopologyOptions gloo_only = with_shm;
+    gloo_only.shared_memory = false;
+    auto topology = Topology::create_with_store(prefix_store("comm", store), env.rank, env.world_size, with_shm);
+    auto gloo = Topology::create_with_store(prefix_store("comm-gloo", store), env.rank, env.world_size, gloo_only);
+    auto raw = create_process_group(Backend::kGloo, prefix_store("c10d", store), env.rank, env.world_size, timeout);
+    const int n = env.world_size, rank = env.rank;
+
+    BenchReport report("bench-comm");
+    report.context["world"] = n;
+    report.context["dtype"] = "float32";
+    report.context["threads_per_rank"] = at::get_num_threads();
+    report.context["shared_memory_all_reduce"] = topology->world().uses_shared_memory();
+    if (rank == 0) {
+      std::cout << fmt::format("# autotp bench-comm: world {}, float32, {} thread(s) per rank, shared-memory all-reduce {}\n",
+                               n, at::get_num_threads(), topology->world().uses_shared_memory() ? "on" : "off");
+      std::cout << fmt::format("# {:>12} {:>10}  {:<14} {:<9} {:>6} {:>11} {:>11} {:>11}  {}\n", "size(B)",
+                               "count", "op", "impl", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
+    }
+    int64_t failed_rows = 0;
+    // Implementations of one size run back to back, so a shared machine's load
+    // changes as little as possible between the rows they are compared by.
+    for (const auto& op : ops) {
+      for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= args->factor) {
+        std::vector<std::string> row_impls;
+        // The shared-memory transport only carries all-reduces: comm-gloo rows would repeat comm rows.
+        for (const auto& impl : impls)
+          if (impl != "comm-gloo" || op == "all_reduce") row_impls.push_back(impl);
+        // Whole elements, a multiple of the world for the split collectives.
+        int64_t count = std::max<int64_t>(bytes / 4, 1);
+        if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n * n, n);
+        const size_t k = row_impls.size();
+        std::vector<std::unique_ptr<Collective>> collectives;
+        std::vector<int64_t> iters(k);
+        std::vector<std::vector<double>> times(k);
+        for (size_t i = 0; i < k; ++i) {
+          Comm* comm = row_impls[i] == "comm" ? &topology->world() : &gloo->world();
+          collectives.push_back(std::make_unique<Collective>(op, row_impls[i], comm, raw, rank, n, count));
+          for (int64_t w = 0; w < args->warmup; ++w) collectives[i]->run();
+          raw->barrier()->wait();
+          auto start = Clock::now();
+          collectives[i]->run();
+          const double first = max_over_ranks(*raw, std::chrono::duration<double>(Clock::now() - start).count());
+          iters[i] = std::clamp<int64_t>(static_cast<int64_t>(args->row_seconds / std::max(first, 1e-9)), 1,
+                                         args->iters);
+        }
+        for (int64_t rep = 0; rep < args->repeat; ++rep) {
+          for (size_t i = 0; i < k; ++i) {
+            raw->barrier()->wait();
+            const auto start = Clock::now();
+            for (int64_t it = 0; it < iters[i]; ++it) collectives[i]->run();
+            times[i].push_back(max_over_ranks(*raw, std::chrono::duration<double>(Clock::now() - start).count()) /
+                               iters[i]);
+          }
+        }
+        for (size_t i = 0; i < k; ++i) {
+          const std::string& impl = row_impls[i];
+          Collective& collective = *collectives[i];
+          std::sort(times[i].begin(), times[i].end());
+          const double seconds = times[i][times[i].size() / 2];  // median of the repeats
+          const int64_t wrong = sum_over_ranks(*raw, collective.check());
+          if (wrong != 0) ++failed_rows;
+          const double factor = bus_bandwidth_factor(op, n);
+          const double algbw = collective.bytes() / seconds / 1e9;
+          nlohmann::json row = {{"name", fmt::format("comm/{}/{}/{}", op, impl, collective.bytes())},
+                                {"op", op},
+                                {"impl", impl},
+                                {"bytes", collective.bytes()},
+                                {"count", count},
+                                {"world", n},
+                                {"iterations", iters[i]},
+                                {"repeats", args->repeat},
+                                {"time_s", seconds},
+                                {"algbw_GBps", algbw},
+                                {"bus_factor", factor},
+                                {"busbw_GBps", algbw * factor},
+                                {"wrong", wrong},
+                                {"check", wrong == 0 ? "ok" : "FAILED"},
+                                {"higher_is_better", "busbw_GBps"}};
+          report.add(row);
+          if (rank == 0)
+            std::cout << fmt::format("  {:>12} {:>10}  {:<14} {:<9} {:>6} {:>11.1f} {:>11.3f} {:>11.3f}  {}\n",
+                                     collective.bytes(), count, op, impl, iters[i], seconds * 1e6, algbw,
+                                     algbw * factor, wrong == 0 ? "ok" : fmt::format("FAILED ({} wrong)", wrong))
+                      << std::flush;
+        }
+      }
+    }
+    if (rank == 0) {
+      std::cout << fmt::format("# {} row(s), {} failed the check\n", report.size(), failed_rows);
+      if (!args->json.empty()) report.write(args->json);
+    }
+    raw->barrier()->wait();  // rank 0 hosts the store: leave together
+    if (failed_rows > 0) throw std::runtime_error(fmt::format("bench-comm: {} row(s) failed the check", failed_rows));
+  });
+}
+
+}  // namespace autotp::cli

@@ -1,0 +1,17 @@
+// How the process's C heap hands memory back to the OS. A training step frees
+// and re-allocates the same large buffers every step (activations, optimizer
+// and norm temporaries); glibc serves big blocks with mmap and unmaps them on
+// free, so each step paid fresh page faults and zeroing for them (20% of a
+// llama-small step on CPU). Meant for loops that repeat one allocation
+// pattern (bench-step): a program whose buffers keep growing in size can
+// fragment a never-trimmed heap badly (bench-comm's 8 B..256 MiB sweep did).
+#pragma once
+
+namespace autotp::cli {
+
+// Serves every allocation from the heap and never trims it, so freed memory is
+// reused by the next step (resident memory stays at the peak, as with a caching
+// allocator). AUTOTP_RETAIN_MEMORY=0 in the environment keeps glibc's defaults.
+void retain_freed_memory();
+
+}  // namespace autotp::cli
