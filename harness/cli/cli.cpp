@@ -62,6 +62,7 @@ int run(int argc, char** argv) {
   register_eval(app);
   register_plan(app);
   register_train(app);
+  register_simulate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

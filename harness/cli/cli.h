@@ -38,5 +38,6 @@ void register_init(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_train(CLI::App& app);
+void register_simulate(CLI::App& app);
 
 }  // namespace autotp::cli
