@@ -156,20 +156,22 @@ void run_scenario(const SimulateArgs& args) {
                     base.seq_len, base.micro_batch, base.gas, s.value("dtype", ""));
   if (s.contains("assumptions")) md += fmt::format("- assumptions: {}\n", s["assumptions"].get<std::string>());
   md += "\n## Variants\n\n| variant | tp | dp | ZeRO | params | grads | master | optimizer | activations | comm "
-        "buffers | peak / GPU | fits | compute | tp comm | ZeRO comm | step | tokens/s | MFU |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "buffers | transient grads | norm mask | optimizer temporaries | peak / GPU (phase) | fits | compute | tp comm "
+        "| ZeRO comm | step | tokens/s | MFU |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < variants.size(); ++i) {
     const auto& r = variants[i];
     const auto& m = r.memory;
     md += fmt::format(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0f} ms | {:.0f} ms | {:.0f} ms | {:.0f} ms "
-        "| {:.0f} | {:.1f}% |\n",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms | {:.0f} "
+        "ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
         names[i], r.layout.tp, r.layout.dp(), r.layout.zero_stage, sim::format_bytes(m.states.params),
         sim::format_bytes(m.states.grads), sim::format_bytes(m.states.master_weights),
         sim::format_bytes(m.states.optimizer_states), sim::format_bytes(m.activations),
-        sim::format_bytes(m.comm_buffers), sim::format_bytes(m.total), r.fits ? "yes" : "**no**",
-        r.time.compute_s * 1e3, r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.step_s * 1e3,
-        r.tokens_per_s, 100 * r.mfu);
+        sim::format_bytes(m.comm_buffers), sim::format_bytes(m.transient_grads), sim::format_bytes(m.norm_mask),
+        sim::format_bytes(m.optimizer_temporaries), sim::format_bytes(m.total),
+        m.peak_phase == "optimizer" ? "optimizer" : "fwd/bwd", r.fits ? "yes" : "**no**", r.time.compute_s * 1e3,
+        r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.step_s * 1e3, r.tokens_per_s, 100 * r.mfu);
   }
   md += fmt::format("\nUsable memory per GPU: {} ({} less {} reserved). Peak = the larger of the forward/backward "
                     "phase and the optimizer phase.\n",
@@ -177,10 +179,21 @@ void run_scenario(const SimulateArgs& args) {
                     sim::format_bytes(first.capacity_bytes - first.usable_bytes));
   md += "\n## Every layout (`--sweep`), fitting layouts first, by tokens/s\n\n" + sim::markdown_sweep(all);
   md += "\n## Notes\n\n";
-  std::set<std::string> seen;
-  for (const auto& r : variants)
-    for (const auto& n : r.notes)
-      if (seen.insert(n).second) md += "- " + n + "\n";
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const auto& r = variants[i];
+    const auto& m = r.memory;
+    md += fmt::format(
+        "- {}: peak {} in the {} phase = model states {} + norm mask {} + transient gradients {} + {}{}\n", names[i],
+        sim::format_bytes(m.total), m.peak_phase == "optimizer" ? "optimizer" : "forward/backward",
+        sim::format_bytes(m.states.total()), sim::format_bytes(m.norm_mask), sim::format_bytes(m.transient_grads),
+        m.peak_phase == "optimizer"
+            ? fmt::format("optimizer temporaries / gather buffers {}",
+                          sim::format_bytes(m.optimizer_peak - m.states.total() - m.norm_mask - m.transient_grads))
+            : fmt::format("activations {} + gathered parameters {}", sim::format_bytes(m.activations),
+                          sim::format_bytes(m.forward_backward_peak - m.states.total() - m.norm_mask -
+                                            m.transient_grads - m.activations)),
+        r.fits ? "" : fmt::format(" > {} usable: does not fit", sim::format_bytes(r.usable_bytes)));
+  }
   write_output(args.markdown, md);
   std::cout << "wrote " << args.markdown << "\n";
 }
@@ -207,12 +220,13 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   std::vector<double> times;
   for (size_t i = lines.size() > 1 ? 1 : 0; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
   std::sort(times.begin(), times.end());
-  const double step = times[times.size() / 2];
+  const double step = times[times.size() / 2], fastest = times.front();
   int64_t peak = 0;
   for (const auto& r : last.at("memory").at("ranks")) peak = std::max(peak, r.at("peak_allocated_bytes").get<int64_t>());
   const double step_error = result.time.step_s / step - 1, peak_error = static_cast<double>(result.memory.total) / peak - 1;
   if (args.json) {
-    std::cout << json{{"measured", {{"step_s", step}, {"peak_allocated_bytes", peak}, {"steps", lines.size()}}},
+    std::cout << json{{"measured", {{"step_s", step}, {"fastest_step_s", fastest}, {"peak_allocated_bytes", peak},
+                                    {"steps", lines.size()}}},
                       {"simulated", result.to_json()},
                       {"step_error", step_error},
                       {"peak_error", peak_error}}
@@ -220,9 +234,9 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
               << "\n";
     return;
   }
-  std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} ms | {:.1f} ms | {:+.0f}% | {:.1f} / {:.1f} / {:.1f} ms | {} | {} "
-                           "| {:+.1f}% |\n",
-                           result.layout.tp, result.layout.dp(), result.layout.zero_stage, step * 1e3,
+  std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} ms ({:.1f}) | {:.1f} ms | {:+.0f}% | {:.1f} / {:.1f} / {:.1f} ms | {} "
+                           "| {} | {:+.1f}% |\n",
+                           result.layout.tp, result.layout.dp(), result.layout.zero_stage, step * 1e3, fastest * 1e3,
                            result.time.step_s * 1e3, 100 * step_error, result.time.compute_s * 1e3,
                            result.time.tp_comm_s * 1e3, result.time.zero_comm_s * 1e3, sim::format_bytes(peak),
                            sim::format_bytes(result.memory.total), 100 * peak_error);

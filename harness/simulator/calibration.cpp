@@ -12,9 +12,11 @@
 #include "autotp/comm/dist_env.h"
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
+#include "autotp/model/causal_lm.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/json_file.h"
 #include "autotp/runtime/log.h"
+#include "simulator/cluster_catalog.h"
 #include "simulator/memory_model.h"
 #include "simulator/model_catalog.h"
 #include "simulator/rank_shape.h"
@@ -139,6 +141,7 @@ json Calibration::to_json() const {
           {"gemm", gemm},
           {"gemm_fit", cost_json(gemm_fit)},
           {"gemm_peak_flops", gemm_peak_flops},
+          {"layer_overhead_s", layer_overhead_s},
           {"elementwise", {{"forward", cost_json(elementwise_forward)},
                            {"forward_grad", cost_json(elementwise_forward_grad)},
                            {"forward_backward", cost_json(elementwise_forward_backward)}}},
@@ -166,6 +169,7 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
       c.gemm_seconds[s] = g.at("seconds").get<double>();
     }
     c.gemm_peak_flops = j.at("gemm_peak_flops").get<double>();
+    c.layer_overhead_s = j.value("layer_overhead_s", 0.0);
   } catch (const json::exception& e) {
     throw_user_error("{}: malformed calibration ({})", source, e.what());
   }
@@ -275,6 +279,28 @@ Calibration run_calibration(const CalibrationOptions& options) {
   cal.elementwise_forward = fit_linear_cost(bytes, fwd);
   cal.elementwise_forward_grad = fit_linear_cost(bytes, fwd_grad);
   cal.elementwise_forward_backward = fit_linear_cost(bytes, fb);
+
+  // Framework overhead per layer: the model's real forward + backward on one rank
+  // (tp 1, no communication) against the costs measured above.
+  {
+    Comm self;
+    CausalLM lm(model.config, build_plan(model.config, 1), self, torch::kFloat32);
+    lm.init_random(1);
+    auto ids = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
+    torch::AutoGradMode on(true);
+    barrier();
+    std::vector<double> measured = {time_call([&] { lm.token_losses(ids, ids).sum().backward(); },
+                                              std::max(0.5, 10 * options.seconds_per_point))};
+    measured = average(measured);
+    SimLayout layout;
+    layout.gpus = env.world_size;
+    layout.micro_batch = options.micro_batch;
+    layout.seq_len = options.seq_len;
+    layout.dtype = torch::kFloat32;
+    auto cluster = cpu_local_cluster(cal, "calibration");
+    auto t = estimate_time(model.config, rank_shape(model.config, build_plan(model.config, 1), 0), layout, cluster);
+    cal.layer_overhead_s = std::max(0.0, (measured[0] - t.gemm_s - t.elementwise_s) / model.config.num_layers);
+  }
 
   // Collectives over Comm for every group size, world / size groups at once.
   if (world) {

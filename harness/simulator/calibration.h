@@ -6,6 +6,8 @@
 //     attention) of a given model, micro-batch and sequence length, at every tp
 //   - elementwise ops: seconds = latency + bytes / bandwidth, forward without
 //     autograd, forward with autograd, and forward + backward
+//   - the framework overhead per decoder layer: one rank's real forward +
+//     backward of the model at tp 1 minus what the costs above predict
 //   - collectives over `Comm` (Gloo) for each group size that divides the world,
 //     with world / size groups running at once as in training:
 //     seconds = latency + bytes / bytes_per_s, from a least-squares fit
@@ -50,6 +52,11 @@ struct Calibration {
   LinearCost elementwise_forward;            // no autograd
   LinearCost elementwise_forward_grad;       // forward while autograd records
   LinearCost elementwise_forward_backward;   // forward and backward of one op
+  // Seconds per decoder layer per micro-batch (forward + backward) that one rank's
+  // real forward + backward of `model` at tp 1 took beyond what the GEMM and
+  // elementwise costs predict: dispatcher, autograd and allocator overhead of the
+  // layer's ops (the tiny models are bound by it, not by FLOPs or bytes).
+  double layer_overhead_s = 0;
   std::map<int, LinearCost> all_reduce;      // by group size
   std::map<int, LinearCost> all_gather;      // by group size; amount = gathered bytes
   int64_t memory_bytes = 0;                  // MemTotal of the machine

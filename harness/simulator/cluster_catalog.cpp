@@ -57,12 +57,9 @@ bool exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
-ClusterSpec cpu_local(const std::string& file) {
-  AUTOTP_USER_CHECK(exists(file),
-                    "cluster cpu-local needs a calibration file, {} does not exist (make one with "
-                    "`autotp simulate --calibrate --nproc N --calibration {}`)",
-                    file, file);
-  Calibration cal = Calibration::from_file(file);
+}  // namespace
+
+ClusterSpec cpu_local_cluster(Calibration cal, const std::string& file) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = fmt::format("this machine: {} cores, calibrated with {} ranks x {} threads ({})", cal.cores,
@@ -81,6 +78,14 @@ ClusterSpec cpu_local(const std::string& file) {
   return c;
 }
 
+namespace {
+ClusterSpec cpu_local(const std::string& file) {
+  AUTOTP_USER_CHECK(exists(file),
+                    "cluster cpu-local needs a calibration file, {} does not exist (make one with "
+                    "`autotp simulate --calibrate --nproc N --calibration {}`)",
+                    file, file);
+  return cpu_local_cluster(Calibration::from_file(file), file);
+}
 }  // namespace
 
 std::vector<std::string> cluster_names() {

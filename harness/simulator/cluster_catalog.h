@@ -45,6 +45,8 @@ struct ClusterOptions {
 };
 
 std::vector<std::string> cluster_names();
+// The cpu-local cluster of a calibration (`file` names it in descriptions).
+ClusterSpec cpu_local_cluster(Calibration calibration, const std::string& file);
 // UserError listing the names when unknown; cpu-local without a calibration file
 // is a UserError that says how to make one.
 ClusterSpec find_cluster(const std::string& name, const ClusterOptions& options = {});

@@ -183,6 +183,8 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
   micro += e.fwd(BTV, 6) + e.fwd(static_cast<double>(BT), 10) + e.fwd(BTV, 3);  // cross-entropy fwd / bwd
   micro += e.fwd(static_cast<double>(s.local_numel), 1) + s.tensors * e.forward.latency_s;  // grad accumulation
   if (sixteen) micro += e.fwd(static_cast<double>(s.local_numel), 2);  // fp32 accumulator add + zero
+  // Measured dispatch / autograd overhead of each layer's ops (cpu-local), a third more when recomputed.
+  if (c.calibration) micro += L * c.calibration->layer_overhead_s * (l.recompute() ? 4.0 / 3 : 1.0);
   t.elementwise_s = gas * micro;
 
   // Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
