@@ -215,6 +215,39 @@ TEST(SimulatorCli, SweepListsEveryLayoutSorted) {
   }
 }
 
+TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
+  const std::string file = ::testing::TempDir() + "/sim_calibration.json";
+  auto cal = test::run_cli("simulate --calibrate --nproc 2 --calibration " + file + " 2>&1");
+  ASSERT_EQ(cal.exit_code, 0) << cal.output;
+  auto c = Calibration::from_file(file);
+  EXPECT_EQ(c.world, 2);
+  EXPECT_GT(c.gemm_peak_flops, 0);
+  EXPECT_EQ(c.all_reduce.count(2), 1u);
+  EXPECT_EQ(c.all_gather.count(2), 1u);
+  // Every GEMM of a llama-tiny step at tp 1 and 2 was measured at its exact shape.
+  auto model = resolve_sim_model("preset:llama-tiny");
+  for (int tp : {1, 2}) {
+    SimLayout l = layout(2, tp, 1);
+    l.micro_batch = 2;
+    l.seq_len = 64;
+    for (int r = 0; r < tp; ++r)
+      for (const auto& [shape, count] : step_gemms(model.config, rank_shape(model.config, build_plan(model.config, tp), r), l))
+        EXPECT_EQ(c.gemm_seconds.count(shape), 1u) << shape.m << "x" << shape.k << "x" << shape.n;
+  }
+  auto r = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                         " --gpus 2 --tp 2 --zero 1 --micro-batch 2 --seq-len 64 --dtype fp32 --json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json j = json::parse(r.output);
+  EXPECT_GT(j["time"]["tp_comm_s"].get<double>(), 0);
+  EXPECT_GT(j["time"]["step_s"].get<double>(), j["time"]["compute_s"].get<double>());
+  // A file that is not a calibration is bad input.
+  io::write_text_file_atomic(file, "{\"world\": 2}");
+  auto bad = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                           " --gpus 2 --tp 1 --zero 0 --seq-len 64");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("not an autotp calibration file"), std::string::npos) << bad.output;
+}
+
 TEST(SimulatorCli, BadInputExitsWithTwo) {
   const std::string base = "simulate --micro-batch 1 --seq-len 512 ";
   struct Bad {
