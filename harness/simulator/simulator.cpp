@@ -152,6 +152,7 @@ std::string format_result(const SimResult& r) {
   row("communication buffers", m.comm_buffers);
   if (m.transient_grads) row("transient gradients", m.transient_grads);
   if (m.optimizer_temporaries) row("optimizer temporaries", m.optimizer_temporaries);
+  if (m.norm_mask) row("grad-norm mask", m.norm_mask);
   s += fmt::format("  {:<24}{:>14}  (peak in the {} phase) of {} usable: {}\n", "total", format_bytes(m.total),
                    m.peak_phase == "optimizer" ? "optimizer" : "forward/backward", format_bytes(r.usable_bytes),
                    r.fits ? "fits" : "DOES NOT FIT");
