@@ -44,5 +44,6 @@ void register_scenario(CLI::App& app);
 void register_bench_comm(CLI::App& app);
 void register_bench_step(CLI::App& app);
 void register_bench_compare(CLI::App& app);
+void register_simulate(CLI::App& app);
 
 }  // namespace autotp::cli

@@ -1,0 +1,330 @@
+// `autotp simulate`: predicted per-GPU memory and step time of a layout, a
+// sweep of every layout, a simulate-only scenario report, and the calibration
+// of the cpu-local cluster (docs/simulator.md).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+#include "autotp/comm/dist_env.h"
+#include "autotp/io/safetensors.h"
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
+#include "autotp/runtime/log.h"
+#include "cli/cli.h"
+#include "simulator/calibration.h"
+#include "simulator/simulator.h"
+
+namespace autotp::cli {
+namespace {
+
+using nlohmann::json;
+
+struct SimulateArgs {
+  std::string model, cluster, dtype = "bf16", optimizer = "AdamW", calibration, scenario, markdown, measured;
+  int gpus = 0;
+  std::optional<int> tp, zero;
+  int64_t micro_batch = 1, seq_len = 0, gas = 1, reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;
+  std::optional<double> inter_node_bw;
+  bool activation_checkpointing = false, json = false, sweep = false, overlap_comm = false, calibrate = false;
+  WorldOptions world;
+};
+
+torch::ScalarType parse_sim_dtype(const std::string& name, const std::string& where) {
+  if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;
+  if (name == "fp16" || name == "float16") return torch::kFloat16;
+  if (name == "fp32" || name == "float32") return torch::kFloat32;
+  throw_user_error("{} '{}' is not a dtype (allowed: bf16, fp16, fp32)", where, name);
+}
+
+void write_output(const std::string& path, const std::string& text) {
+  auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  io::write_text_file_atomic(path, text);
+}
+
+void calibrate(const SimulateArgs& args) {
+  DistEnv env = DistEnv::from_environment();
+  init_logging(LogOptions{env.rank});
+  const int threads = args.world.threads > 0 ? args.world.threads : env.threads;
+  if (threads > 0) at::set_num_threads(threads);
+  sim::CalibrationOptions options;
+  if (!args.model.empty()) options.model = args.model;
+  options.micro_batch = args.micro_batch > 1 ? args.micro_batch : options.micro_batch;
+  if (args.seq_len > 0) options.seq_len = args.seq_len;
+  auto cal = sim::run_calibration(options);
+  if (env.rank != 0) return;
+  const std::string path = args.calibration.empty() ? sim::default_calibration_path() : args.calibration;
+  write_output(path, cal.to_json().dump(2) + "\n");
+  std::cout << fmt::format("calibration of {} ranks x {} threads written to {}\n", cal.world, cal.threads_per_rank,
+                           path);
+  std::cout << fmt::format("  GEMM: {} step shapes of {}, best {:.2f} GFLOP/s per rank\n", cal.gemm_seconds.size(),
+                           cal.model, cal.gemm_peak_flops / 1e9);
+  std::cout << fmt::format("  elementwise op: {:.1f} us + bytes / {:.2f} GB/s (forward+backward {:.1f} us)\n",
+                           cal.elementwise_forward.latency_s * 1e6, cal.elementwise_forward.rate / 1e9,
+                           cal.elementwise_forward_backward.latency_s * 1e6);
+  for (const auto& [n, c] : cal.all_reduce)
+    std::cout << fmt::format("  all-reduce over {}: {:.0f} us + bytes / {:.3f} GB/s\n", n, c.latency_s * 1e6,
+                             c.rate / 1e9);
+  for (const auto& [n, c] : cal.all_gather)
+    std::cout << fmt::format("  all-gather over {}: {:.0f} us + bytes / {:.3f} GB/s\n", n, c.latency_s * 1e6,
+                             c.rate / 1e9);
+}
+
+sim::SimLayout layout_from(const SimulateArgs& args) {
+  sim::SimLayout l;
+  l.gpus = args.gpus;
+  l.tp = args.tp.value_or(1);
+  l.zero_stage = args.zero.value_or(0);
+  l.micro_batch = args.micro_batch;
+  l.seq_len = args.seq_len;
+  l.gas = args.gas;
+  l.dtype = parse_sim_dtype(args.dtype, "--dtype");
+  l.activation_checkpointing = args.activation_checkpointing;
+  l.optimizer.type = args.optimizer;
+  l.reduce_bucket_size = args.reduce_bucket_size;
+  return l;
+}
+
+sim::ClusterSpec cluster_from(const SimulateArgs& args, const std::string& name) {
+  sim::ClusterOptions options;
+  options.calibration_file = args.calibration;
+  options.inter_node_GBps = args.inter_node_bw;
+  return sim::find_cluster(name, options);
+}
+
+// A simulate-only scenario: its variants, then every layout, as one markdown report.
+void run_scenario(const SimulateArgs& args) {
+  const json s = read_json_file(args.scenario, "scenario file");
+  auto need = [&](const char* key) -> const json& {
+    AUTOTP_USER_CHECK(s.contains(key), "{}: missing key '{}'", args.scenario, key);
+    return s[key];
+  };
+  AUTOTP_USER_CHECK(s.value("simulate", false), "{}: 'simulate' must be true for `autotp simulate --scenario`",
+                    args.scenario);
+  auto model = sim::resolve_sim_model(need("model").get<std::string>());
+  auto cluster = cluster_from(args, need("cluster").get<std::string>());
+  sim::SimLayout base;
+  base.gpus = need("gpus").get<int>();
+  base.seq_len = need("seq_len").get<int64_t>();
+  base.micro_batch = need("micro_batch").get<int64_t>();
+  base.gas = s.value("gas", int64_t{1});
+  base.dtype = parse_sim_dtype(need("dtype").get<std::string>(), args.scenario + ": dtype");
+  base.activation_checkpointing = s.value("activation_checkpointing", false);
+  sim::TimeOptions time;
+  time.overlap_comm = args.overlap_comm;
+
+  std::vector<sim::SimResult> variants;
+  std::vector<std::string> names;
+  json out = json::array();
+  for (const auto& v : need("variants")) {
+    sim::SimLayout l = base;
+    AUTOTP_USER_CHECK(v.contains("tp") && v.contains("zero_stage") && v.contains("name"),
+                      "{}: every variant needs 'name', 'tp' and 'zero_stage'", args.scenario);
+    l.tp = v["tp"].get<int>();
+    l.zero_stage = v["zero_stage"].get<int>();
+    variants.push_back(sim::simulate(model, cluster, l, time));
+    names.push_back(v["name"].get<std::string>());
+    auto j = variants.back().to_json();
+    j["name"] = names.back();
+    out.push_back(j);
+  }
+  auto all = sim::sweep(model, cluster, base, time);
+  if (args.json) {
+    std::cout << json{{"name", s.value("name", "")}, {"variants", out}}.dump(2) << "\n";
+  } else if (args.markdown.empty()) {
+    for (size_t i = 0; i < variants.size(); ++i) std::cout << names[i] << ":\n" << sim::format_result(variants[i]) << "\n";
+    std::cout << sim::format_sweep(all);
+  }
+  if (args.markdown.empty()) return;
+
+  const auto& first = variants.front();
+  std::string md = fmt::format("# Simulated: {}\n\n", s.value("name", args.scenario));
+  md += fmt::format(
+      "Generated by `autotp simulate --scenario {} --markdown {}` from the analytic model of "
+      "[docs/simulator.md](simulator.md); nothing here was run on GPUs.\n\n",
+      args.scenario, args.markdown);
+  md += fmt::format("- model: {} ({}, {} parameters)\n", first.model, first.architecture, first.parameters);
+  md += fmt::format("- cluster: {} — {}\n- sources of the figures: {}\n", cluster.name, cluster.description,
+                    cluster.sources);
+  md += fmt::format("- {} GPUs, sequence length {}, micro-batch {}, gradient accumulation {}, {}, AdamW\n", base.gpus,
+                    base.seq_len, base.micro_batch, base.gas, s.value("dtype", ""));
+  if (s.contains("assumptions")) md += fmt::format("- assumptions: {}\n", s["assumptions"].get<std::string>());
+  md += "\n## Variants\n\n| variant | tp | dp | ZeRO | params | grads | master | optimizer | activations | comm "
+        "buffers | transient grads | norm mask | optimizer temporaries | peak / GPU (phase) | fits | compute | tp comm "
+        "| ZeRO comm | step | tokens/s | MFU |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const auto& r = variants[i];
+    const auto& m = r.memory;
+    md += fmt::format(
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms | {:.0f} "
+        "ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
+        names[i], r.layout.tp, r.layout.dp(), r.layout.zero_stage, sim::format_bytes(m.states.params),
+        sim::format_bytes(m.states.grads), sim::format_bytes(m.states.master_weights),
+        sim::format_bytes(m.states.optimizer_states), sim::format_bytes(m.activations),
+        sim::format_bytes(m.comm_buffers), sim::format_bytes(m.transient_grads), sim::format_bytes(m.norm_mask),
+        sim::format_bytes(m.optimizer_temporaries), sim::format_bytes(m.total),
+        m.peak_phase == "optimizer" ? "optimizer" : "fwd/bwd", r.fits ? "yes" : "**no**", r.time.compute_s * 1e3,
+        r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.step_s * 1e3, r.tokens_per_s, 100 * r.mfu);
+  }
+  md += fmt::format("\nUsable memory per GPU: {} ({} less {} reserved). Peak = the larger of the forward/backward "
+                    "phase and the optimizer phase.\n",
+                    sim::format_bytes(first.usable_bytes), sim::format_bytes(first.capacity_bytes),
+                    sim::format_bytes(first.capacity_bytes - first.usable_bytes));
+  md += "\n## Every layout (`--sweep`), fitting layouts first, by tokens/s\n\n" + sim::markdown_sweep(all);
+  md += "\n## Notes\n\n";
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const auto& r = variants[i];
+    const auto& m = r.memory;
+    md += fmt::format(
+        "- {}: peak {} in the {} phase = model states {} + norm mask {} + transient gradients {} + {}{}\n", names[i],
+        sim::format_bytes(m.total), m.peak_phase == "optimizer" ? "optimizer" : "forward/backward",
+        sim::format_bytes(m.states.total()), sim::format_bytes(m.norm_mask), sim::format_bytes(m.transient_grads),
+        m.peak_phase == "optimizer"
+            ? fmt::format("optimizer temporaries / gather buffers {}",
+                          sim::format_bytes(m.optimizer_peak - m.states.total() - m.norm_mask - m.transient_grads))
+            : fmt::format("activations {} + gathered parameters {}", sim::format_bytes(m.activations),
+                          sim::format_bytes(m.forward_backward_peak - m.states.total() - m.norm_mask -
+                                            m.transient_grads - m.activations)),
+        r.fits ? "" : fmt::format(" > {} usable: does not fit", sim::format_bytes(r.usable_bytes)));
+  }
+  write_output(args.markdown, md);
+  std::cout << "wrote " << args.markdown << "\n";
+}
+
+// Simulated against measured: the layout comes from an `autotp train --metrics` file.
+void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model, const sim::ClusterSpec& cluster) {
+  std::ifstream in(args.measured);
+  AUTOTP_USER_CHECK(in.good(), "--measured {}: cannot open", args.measured);
+  std::vector<json> lines;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) lines.push_back(json::parse(line, nullptr, false));
+  AUTOTP_USER_CHECK(!lines.empty() && !lines.back().is_discarded() && lines.back().contains("layout"),
+                    "--measured {}: not an `autotp train --metrics` file (JSON lines with 'layout')", args.measured);
+  const json& last = lines.back();
+  const json& lay = last["layout"];
+  SimulateArgs a = args;
+  a.gpus = lay.at("world").get<int>();
+  a.tp = lay.at("tp").get<int>();
+  a.zero = lay.at("zero_stage").get<int>();
+  a.dtype = lay.at("dtype").get<std::string>();
+  auto result = sim::simulate(model, cluster, layout_from(a), {});
+  // The first step pays one-time costs (allocations, thread pools): the median of the rest.
+  std::vector<double> times;
+  for (size_t i = lines.size() > 1 ? 1 : 0; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
+  std::sort(times.begin(), times.end());
+  const double step = times[times.size() / 2], fastest = times.front();
+  int64_t peak = 0;
+  for (const auto& r : last.at("memory").at("ranks")) peak = std::max(peak, r.at("peak_allocated_bytes").get<int64_t>());
+  const double step_error = result.time.step_s / step - 1, peak_error = static_cast<double>(result.memory.total) / peak - 1;
+  if (args.json) {
+    std::cout << json{{"measured", {{"step_s", step}, {"fastest_step_s", fastest}, {"peak_allocated_bytes", peak},
+                                    {"steps", lines.size()}}},
+                      {"simulated", result.to_json()},
+                      {"step_error", step_error},
+                      {"peak_error", peak_error}}
+                     .dump(2)
+              << "\n";
+    return;
+  }
+  std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} ms ({:.1f}) | {:.1f} ms | {:+.0f}% | {:.1f} / {:.1f} / {:.1f} ms | {} "
+                           "| {} | {:+.1f}% |\n",
+                           result.layout.tp, result.layout.dp(), result.layout.zero_stage, step * 1e3, fastest * 1e3,
+                           result.time.step_s * 1e3, 100 * step_error, result.time.compute_s * 1e3,
+                           result.time.tp_comm_s * 1e3, result.time.zero_comm_s * 1e3, sim::format_bytes(peak),
+                           sim::format_bytes(result.memory.total), 100 * peak_error);
+}
+
+void run(const SimulateArgs& args) {
+  if (args.calibrate) return calibrate(args);
+  if (!args.scenario.empty()) return run_scenario(args);
+  AUTOTP_USER_CHECK(!args.model.empty(), "--model is required (a catalog name, preset:NAME, an HF directory or a "
+                                         "config.json)");
+  AUTOTP_USER_CHECK(!args.cluster.empty(), "--cluster is required (allowed: {})",
+                    fmt::join(sim::cluster_names(), ", "));
+  AUTOTP_USER_CHECK(args.seq_len >= 1, "--seq-len is required (tokens per sequence)");
+  if (!args.measured.empty())
+    return compare_measured(args, sim::resolve_sim_model(args.model), cluster_from(args, args.cluster));
+  AUTOTP_USER_CHECK(args.gpus >= 1, "--gpus is required (a positive number of GPUs)");
+  if (!args.sweep) {
+    AUTOTP_USER_CHECK(args.tp.has_value(), "--tp is required (or --sweep for every layout)");
+    AUTOTP_USER_CHECK(args.zero.has_value(), "--zero is required (0, 1, 2 or 3; or --sweep for every layout)");
+  }
+  auto model = sim::resolve_sim_model(args.model);
+  auto cluster = cluster_from(args, args.cluster);
+  sim::TimeOptions time;
+  time.overlap_comm = args.overlap_comm;
+  if (args.sweep) {
+    auto results = sim::sweep(model, cluster, layout_from(args), time);
+    if (args.json) {
+      json list = json::array();
+      for (const auto& r : results) list.push_back(r.to_json());
+      std::cout << json{{"results", list}}.dump(2) << "\n";
+    } else {
+      std::cout << fmt::format("{} on {} with {} GPUs, micro-batch {} x seq {} x gas {}, {}\n", model.label,
+                               cluster.name, args.gpus, args.micro_batch, args.seq_len, args.gas, args.dtype);
+      std::cout << sim::format_sweep(results);
+    }
+    if (!args.markdown.empty()) write_output(args.markdown, sim::markdown_sweep(results));
+    return;
+  }
+  auto result = sim::simulate(model, cluster, layout_from(args), time);
+  if (args.json)
+    std::cout << result.to_json().dump(2) << "\n";
+  else
+    std::cout << sim::format_result(result);
+}
+
+}  // namespace
+
+void register_simulate(CLI::App& app) {
+  auto args = std::make_shared<SimulateArgs>();
+  auto* cmd = app.add_subcommand("simulate", "Predict per-GPU memory and step time of a layout (docs/simulator.md)");
+  cmd->add_option("--model", args->model, "Catalog name (llama2-7b, ...), preset:NAME, HF directory or config.json");
+  cmd->add_option("--cluster", args->cluster, "8xA100-80GB | 8xH100-80GB | 8xH200-141GB | cpu-local");
+  cmd->add_option("--gpus", args->gpus, "GPUs (world size)");
+  cmd->add_option("--tp", args->tp, "Tensor-parallel size (divides --gpus, at most the heads)");
+  cmd->add_option("--zero", args->zero, "ZeRO stage 0-3");
+  cmd->add_option("--micro-batch", args->micro_batch, "Sequences per GPU per forward (default 1)");
+  cmd->add_option("--seq-len", args->seq_len, "Tokens per sequence");
+  cmd->add_option("--gas", args->gas, "Gradient accumulation steps (default 1)");
+  cmd->add_option("--dtype", args->dtype, "bf16 | fp16 | fp32 (default bf16)");
+  cmd->add_option("--optimizer", args->optimizer, "AdamW | Adam | SGD (default AdamW: 2 fp32 moments)")
+      ->check(CLI::IsMember({"AdamW", "Adam", "SGD"}));
+  cmd->add_option("--reduce-bucket-size", args->reduce_bucket_size,
+                  "Elements per gradient reduction bucket (default 500000000, as the engine)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--activation-checkpointing", args->activation_checkpointing, "Recompute every layer in the backward");
+  cmd->add_flag("--overlap-comm", args->overlap_comm,
+                "Model ZeRO communication hidden behind the backward (the engine does not overlap)");
+  cmd->add_option("--inter-node-bw", args->inter_node_bw, "Per-GPU inter-node bandwidth in GB/s (multi-node)");
+  cmd->add_flag("--json", args->json, "Machine-readable output");
+  cmd->add_flag("--sweep", args->sweep, "Every valid (tp, zero) for --gpus, sorted by tokens/s");
+  cmd->add_option("--markdown", args->markdown, "Also write the sweep / scenario report as markdown here");
+  cmd->add_option("--measured", args->measured,
+                  "Compare with an `autotp train --metrics` file (layout from the file; give --micro-batch, --seq-len)");
+  cmd->add_option("--scenario", args->scenario, "Run a simulate-only scenario file (its variants and the sweep)");
+  cmd->add_flag("--calibrate", args->calibrate,
+                "Measure this machine (GEMMs at step shapes, elementwise ops, Gloo collectives) for cpu-local; use "
+                "with --nproc N");
+  cmd->add_option("--calibration", args->calibration,
+                  "Calibration file (default $AUTOTP_CALIBRATION or reports/calibration/cpu-local.json)");
+  add_world_options(*cmd, args->world);
+  cmd->callback([args] {
+    if (args->calibrate) {
+      int launched = maybe_launch(args->world);
+      if (launched > 0) exit_with(launched);
+      if (launched == 0) return;
+    }
+    run(*args);
+  });
+}
+
+}  // namespace autotp::cli

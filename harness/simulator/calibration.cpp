@@ -1,0 +1,336 @@
+#include "simulator/calibration.h"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "autotp/comm/dist_env.h"
+#include "autotp/comm/process_group.h"
+#include "autotp/comm/topology.h"
+#include "autotp/model/causal_lm.h"
+#include "autotp/runtime/error.h"
+#include "autotp/runtime/json_file.h"
+#include "autotp/runtime/log.h"
+#include "simulator/cluster_catalog.h"
+#include "simulator/memory_model.h"
+#include "simulator/model_catalog.h"
+#include "simulator/rank_shape.h"
+#include "simulator/time_model.h"
+
+namespace autotp::sim {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+json cost_json(const LinearCost& c) { return {{"latency_s", c.latency_s}, {"rate", c.rate}}; }
+
+LinearCost cost_from(const json& j, const std::string& where, const std::string& source) {
+  AUTOTP_USER_CHECK(j.is_object() && j.contains("latency_s") && j.contains("rate") && j["rate"].is_number() &&
+                        j["rate"].get<double>() > 0,
+                    "{}: '{}' must be {{\"latency_s\": s, \"rate\": r > 0}}", source, where);
+  return {j["latency_s"].get<double>(), j["rate"].get<double>()};
+}
+
+std::map<int, LinearCost> costs_from(const json& j, const std::string& where, const std::string& source) {
+  std::map<int, LinearCost> out;
+  if (!j.is_object()) return out;
+  for (const auto& [key, value] : j.items()) out[std::stoi(key)] = cost_from(value, where + "." + key, source);
+  return out;
+}
+
+int64_t mem_total_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemTotal:") return kb * 1024;
+  return 0;
+}
+
+// Seconds per call of `fn`: repeated for at least `seconds` (and 3 calls), the best of 3 rounds.
+template <typename Fn>
+double time_call(Fn&& fn, double seconds) {
+  fn();  // warm-up
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    int64_t calls = 0;
+    auto start = Clock::now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (calls < 3 || elapsed < seconds / 3);
+    best = std::min(best, elapsed / calls);
+  }
+  return best;
+}
+
+// Collectives: every rank must make the same number of calls, so the count is fixed.
+template <typename Fn>
+double time_calls(Fn&& fn, int calls) {
+  fn();
+  double best = 1e30;
+  for (int round = 0; round < 2; ++round) {
+    auto start = Clock::now();
+    for (int i = 0; i < calls; ++i) fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / calls);
+  }
+  return best;
+}
+
+}  // namespace
+
+LinearCost fit_linear_cost(const std::vector<double>& x, const std::vector<double>& y) {
+  // Weighted least squares on relative error (weights 1/y^2) so small sizes fit the latency.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double w = 1.0 / (y[i] * y[i]);
+    sw += w;
+    sx += w * x[i];
+    sy += w * y[i];
+    sxx += w * x[i] * x[i];
+    sxy += w * x[i] * y[i];
+  }
+  const double det = sw * sxx - sx * sx;
+  double beta = det != 0 ? (sw * sxy - sx * sy) / det : 0;
+  double alpha = sw != 0 ? (sy - beta * sx) / sw : 0;
+  if (alpha < 0) {  // through the origin
+    alpha = 0;
+    beta = sxx != 0 ? sxy / sxx : 0;
+  }
+  if (beta <= 0) {  // flat: all latency; any positive rate keeps the formula defined
+    double largest = 1;
+    for (double v : x) largest = std::max(largest, v);
+    beta = 1e-9 * alpha / largest;
+  }
+  LinearCost c;
+  c.latency_s = alpha;
+  c.rate = beta > 0 ? 1.0 / beta : 1e30;
+  return c;
+}
+
+std::string default_calibration_path() {
+  const char* env = std::getenv("AUTOTP_CALIBRATION");
+  return env && *env ? env : "reports/calibration/cpu-local.json";
+}
+
+json Calibration::to_json() const {
+  json gemm = json::array();
+  for (const auto& [s, seconds] : gemm_seconds)
+    gemm.push_back({{"m", s.m}, {"k", s.k}, {"n", s.n}, {"batch", s.batch}, {"seconds", seconds},
+                    {"flops_per_s", s.flops() / seconds}});
+  json reduce = json::object(), gather = json::object();
+  for (const auto& [n, c] : all_reduce) reduce[std::to_string(n)] = cost_json(c);
+  for (const auto& [n, c] : all_gather) gather[std::to_string(n)] = cost_json(c);
+  return {{"format", "autotp-calibration-1"},
+          {"world", world},
+          {"threads_per_rank", threads_per_rank},
+          {"cores", cores},
+          {"model", model},
+          {"micro_batch", micro_batch},
+          {"seq_len", seq_len},
+          {"memory_bytes", memory_bytes},
+          {"gemm", gemm},
+          {"gemm_fit", cost_json(gemm_fit)},
+          {"gemm_peak_flops", gemm_peak_flops},
+          {"layer_overhead_s", layer_overhead_s},
+          {"elementwise", {{"forward", cost_json(elementwise_forward)},
+                           {"forward_grad", cost_json(elementwise_forward_grad)},
+                           {"forward_backward", cost_json(elementwise_forward_backward)}}},
+          {"all_reduce", reduce},
+          {"all_gather", gather}};
+}
+
+Calibration Calibration::from_json(const json& j, const std::string& source) {
+  AUTOTP_USER_CHECK(j.is_object() && j.value("format", "") == "autotp-calibration-1",
+                    "{}: not an autotp calibration file (expected \"format\": \"autotp-calibration-1\"; make one with "
+                    "`autotp simulate --calibrate`)",
+                    source);
+  Calibration c;
+  try {
+    c.world = j.at("world").get<int>();
+    c.threads_per_rank = j.at("threads_per_rank").get<int>();
+    c.cores = j.at("cores").get<int>();
+    c.model = j.value("model", "");
+    c.micro_batch = j.value("micro_batch", int64_t{0});
+    c.seq_len = j.value("seq_len", int64_t{0});
+    c.memory_bytes = j.at("memory_bytes").get<int64_t>();
+    for (const auto& g : j.at("gemm")) {
+      GemmShape s{g.at("m").get<int64_t>(), g.at("k").get<int64_t>(), g.at("n").get<int64_t>(),
+                  g.at("batch").get<int64_t>()};
+      c.gemm_seconds[s] = g.at("seconds").get<double>();
+    }
+    c.gemm_peak_flops = j.at("gemm_peak_flops").get<double>();
+    c.layer_overhead_s = j.value("layer_overhead_s", 0.0);
+  } catch (const json::exception& e) {
+    throw_user_error("{}: malformed calibration ({})", source, e.what());
+  }
+  c.gemm_fit = cost_from(j.value("gemm_fit", json()), "gemm_fit", source);
+  const json& e = j.value("elementwise", json::object());
+  c.elementwise_forward = cost_from(e.value("forward", json()), "elementwise.forward", source);
+  c.elementwise_forward_grad = cost_from(e.value("forward_grad", json()), "elementwise.forward_grad", source);
+  c.elementwise_forward_backward =
+      cost_from(e.value("forward_backward", json()), "elementwise.forward_backward", source);
+  c.all_reduce = costs_from(j.value("all_reduce", json::object()), "all_reduce", source);
+  c.all_gather = costs_from(j.value("all_gather", json::object()), "all_gather", source);
+  AUTOTP_USER_CHECK(c.world >= 1 && c.gemm_peak_flops > 0, "{}: world and gemm_peak_flops must be positive", source);
+  return c;
+}
+
+Calibration Calibration::from_file(const std::string& path) {
+  return from_json(read_json_file(path, "calibration file"), path);
+}
+
+Calibration run_calibration(const CalibrationOptions& options) {
+  DistEnv env = DistEnv::from_environment();
+  Calibration cal;
+  cal.world = env.world_size;
+  cal.threads_per_rank = at::get_num_threads();
+  cal.cores = static_cast<int>(std::thread::hardware_concurrency());
+  cal.model = options.model;
+  cal.micro_batch = options.micro_batch;
+  cal.seq_len = options.seq_len;
+  cal.memory_bytes = mem_total_bytes();
+  torch::NoGradGuard no_grad_default;
+
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<Topology> world;
+  if (env.world_size > 1) {
+    store = create_tcp_store(env);
+    world = Topology::create_with_store(prefix_store("calibration_world", store), env.rank, env.world_size, {});
+  }
+  auto barrier = [&] {
+    if (world) world->world().barrier();
+  };
+  // Every rank's seconds averaged over the world (the ranks ran at the same time).
+  auto average = [&](std::vector<double> seconds) {
+    if (!world) return seconds;
+    auto t = torch::tensor(seconds, torch::kFloat64);
+    world->world().all_reduce(t);
+    t.div_(env.world_size);
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
+
+  // GEMMs at the step shapes of the model at every tp that fits the world.
+  auto model = resolve_sim_model(options.model);
+  std::set<GemmShape> shapes;
+  for (int tp = 1; tp <= env.world_size; ++tp) {
+    if (env.world_size % tp != 0 || tp > model.config.num_heads) continue;
+    auto plan = build_plan(model.config, tp);
+    SimLayout layout;
+    layout.gpus = env.world_size;
+    layout.tp = tp;
+    layout.micro_batch = options.micro_batch;
+    layout.seq_len = options.seq_len;
+    for (int r = 0; r < tp; ++r)
+      for (const auto& [shape, count] : step_gemms(model.config, rank_shape(model.config, plan, r), layout))
+        shapes.insert(shape);
+  }
+  // A few generic shapes so the fit also covers what the model list lacks.
+  for (int64_t n : {64, 256, 512, 1024}) shapes.insert(GemmShape{n, n, n, 1});
+  std::vector<GemmShape> list(shapes.begin(), shapes.end());
+  std::vector<double> gemm_times;
+  for (const auto& s : list) {
+    auto a = s.batch > 1 ? torch::randn({s.batch, s.m, s.k}) : torch::randn({s.m, s.k});
+    auto b = s.batch > 1 ? torch::randn({s.batch, s.k, s.n}) : torch::randn({s.k, s.n});
+    barrier();
+    gemm_times.push_back(time_call([&] { torch::matmul(a, b); }, options.seconds_per_point));
+  }
+  gemm_times = average(gemm_times);
+  std::vector<double> flops;
+  for (size_t i = 0; i < list.size(); ++i) {
+    cal.gemm_seconds[list[i]] = gemm_times[i];
+    flops.push_back(list[i].flops());
+    cal.gemm_peak_flops = std::max(cal.gemm_peak_flops, list[i].flops() / gemm_times[i]);
+  }
+  cal.gemm_fit = fit_linear_cost(flops, gemm_times);
+
+  // Elementwise ops: forward, forward under autograd, forward + backward.
+  const std::vector<int64_t> sizes = {256, 4096, 65536, 1 << 20};
+  std::vector<double> bytes, fwd, fwd_grad, fb;
+  for (int64_t n : sizes) {
+    auto x = torch::randn({n}), w = torch::randn({n});
+    auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
+    auto g = torch::ones({n});
+    barrier();
+    fwd.push_back(time_call([&] { torch::mul(x, w); }, options.seconds_per_point));
+    torch::AutoGradMode on(true);
+    fwd_grad.push_back(time_call([&] { torch::mul(xg, wg); }, options.seconds_per_point));
+    fb.push_back(time_call(
+        [&] {
+          xg.mutable_grad() = torch::Tensor();
+          wg.mutable_grad() = torch::Tensor();
+          torch::mul(xg, wg).backward(g);
+        },
+        options.seconds_per_point));
+    bytes.push_back(3.0 * n * 4);
+  }
+  fwd = average(fwd);
+  fwd_grad = average(fwd_grad);
+  fb = average(fb);
+  cal.elementwise_forward = fit_linear_cost(bytes, fwd);
+  cal.elementwise_forward_grad = fit_linear_cost(bytes, fwd_grad);
+  cal.elementwise_forward_backward = fit_linear_cost(bytes, fb);
+
+  // Framework overhead per layer: the model's real forward + backward on one rank
+  // (tp 1, no communication) against the costs measured above.
+  {
+    Comm self;
+    CausalLM lm(model.config, build_plan(model.config, 1), self, torch::kFloat32);
+    lm.init_random(1);
+    auto ids = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
+    torch::AutoGradMode on(true);
+    barrier();
+    std::vector<double> measured = {time_call([&] { lm.token_losses(ids, ids).sum().backward(); },
+                                              std::max(0.5, 10 * options.seconds_per_point))};
+    measured = average(measured);
+    SimLayout layout;
+    layout.gpus = env.world_size;
+    layout.micro_batch = options.micro_batch;
+    layout.seq_len = options.seq_len;
+    layout.dtype = torch::kFloat32;
+    auto cluster = cpu_local_cluster(cal, "calibration");
+    auto t = estimate_time(model.config, rank_shape(model.config, build_plan(model.config, 1), 0), layout, cluster);
+    cal.layer_overhead_s = std::max(0.0, (measured[0] - t.gemm_s - t.elementwise_s) / model.config.num_layers);
+  }
+
+  // Collectives over Comm for every group size, world / size groups at once.
+  if (world) {
+    const std::vector<int64_t> message = {64, 4096, 65536, 1 << 19, 1 << 22};
+    for (int g = 2; g <= env.world_size; ++g) {
+      if (env.world_size % g != 0) continue;
+      TopologyOptions topo_options;
+      topo_options.tp_size = g;
+      auto topo = Topology::create_with_store(prefix_store("calibration_g" + std::to_string(g), store), env.rank,
+                                              env.world_size, topo_options);
+      std::vector<double> x, reduce, gather_bytes, gather;
+      for (int64_t b : message) {
+        auto t = torch::ones({std::max<int64_t>(1, b / 4)});
+        auto local = torch::ones({std::max<int64_t>(1, b / 4 / g)});
+        const int calls = b >= (1 << 22) ? 5 : b >= (1 << 19) ? 10 : 40;
+        barrier();
+        reduce.push_back(time_calls([&] { topo->tp().all_reduce(t); }, calls));
+        barrier();
+        gather.push_back(time_calls([&] { topo->tp().all_gather(local, 0); }, calls));
+        x.push_back(static_cast<double>(t.numel()) * 4);
+        gather_bytes.push_back(static_cast<double>(local.numel()) * 4 * g);
+      }
+      reduce = average(reduce);
+      gather = average(gather);
+      cal.all_reduce[g] = fit_linear_cost(x, reduce);
+      cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
+    }
+    barrier();
+  }
+  return cal;
+}
+
+}  // namespace autotp::sim

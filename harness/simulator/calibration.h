@@ -1,0 +1,86 @@
+// Calibration of the `cpu-local` cluster: what this machine measured for the
+// operations a training step is made of, with the thread count and the number
+// of concurrent ranks of a real run (every rank measures at the same time, so
+// the contention of N ranks on the shared cores is in the numbers):
+//   - GEMM seconds at the exact shapes of a step ([m, k] x [k, n], batched for
+//     attention) of a given model, micro-batch and sequence length, at every tp
+//   - elementwise ops: seconds = latency + bytes / bandwidth, forward without
+//     autograd, forward with autograd, and forward + backward
+//   - the framework overhead per decoder layer: one rank's real forward +
+//     backward of the model at tp 1 minus what the costs above predict
+//   - collectives over `Comm` (Gloo) for each group size that divides the world,
+//     with world / size groups running at once as in training:
+//     seconds = latency + bytes / bytes_per_s, from a least-squares fit
+// Written as JSON by `autotp simulate --calibrate`, read by the cpu-local cluster.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "autotp/model/model_config.h"
+
+namespace autotp::sim {
+
+// One matmul shape: batch x ([m, k] x [k, n]).
+struct GemmShape {
+  int64_t m = 0, k = 0, n = 0, batch = 1;
+  double flops() const { return 2.0 * m * k * n * batch; }
+  bool operator<(const GemmShape& o) const {
+    return std::tie(m, k, n, batch) < std::tie(o.m, o.k, o.n, o.batch);
+  }
+};
+
+// seconds = latency_s + amount / rate (amount: bytes, or FLOPs for GEMMs).
+struct LinearCost {
+  double latency_s = 0;
+  double rate = 1;  // bytes/s or FLOP/s
+  double seconds(double amount) const { return latency_s + amount / rate; }
+};
+
+struct Calibration {
+  int world = 1;               // ranks that ran at once
+  int threads_per_rank = 1;
+  int cores = 1;
+  std::string model;           // the model whose step shapes were measured
+  int64_t micro_batch = 0, seq_len = 0;
+  std::map<GemmShape, double> gemm_seconds;  // measured shapes
+  LinearCost gemm_fit;                       // over every measured shape (other shapes)
+  double gemm_peak_flops = 0;                // best measured FLOP/s (the "peak" for MFU)
+  LinearCost elementwise_forward;            // no autograd
+  LinearCost elementwise_forward_grad;       // forward while autograd records
+  LinearCost elementwise_forward_backward;   // forward and backward of one op
+  // Seconds per decoder layer per micro-batch (forward + backward) that one rank's
+  // real forward + backward of `model` at tp 1 took beyond what the GEMM and
+  // elementwise costs predict: dispatcher, autograd and allocator overhead of the
+  // layer's ops (the tiny models are bound by it, not by FLOPs or bytes).
+  double layer_overhead_s = 0;
+  std::map<int, LinearCost> all_reduce;      // by group size
+  std::map<int, LinearCost> all_gather;      // by group size; amount = gathered bytes
+  int64_t memory_bytes = 0;                  // MemTotal of the machine
+
+  nlohmann::json to_json() const;
+  static Calibration from_json(const nlohmann::json& j, const std::string& source);
+  static Calibration from_file(const std::string& path);  // UserError naming the file
+};
+
+// Least-squares fit of seconds = latency + amount / rate (latency clamped >= 0).
+LinearCost fit_linear_cost(const std::vector<double>& amounts, const std::vector<double>& seconds);
+
+// Default calibration file: $AUTOTP_CALIBRATION, else reports/calibration/cpu-local.json.
+std::string default_calibration_path();
+
+struct CalibrationOptions {
+  std::string model = "preset:llama-tiny";  // whose step shapes the GEMMs use
+  int64_t micro_batch = 2;
+  int64_t seq_len = 64;
+  double seconds_per_point = 0.05;  // minimum measuring time per shape / size
+};
+
+// Runs on every rank of a launched world (collective: all ranks call it); returns the
+// calibration on rank 0 (other ranks return theirs with rank-0-agreed numbers).
+Calibration run_calibration(const CalibrationOptions& options);
+
+}  // namespace autotp::sim

@@ -1,0 +1,113 @@
+#include "simulator/cluster_catalog.h"
+
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+
+#include "autotp/runtime/error.h"
+
+namespace autotp::sim {
+namespace {
+
+constexpr double kGB = 1e9;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// Achievable fraction of the datasheet link bandwidth for large all-reduces
+// (nccl-tests bus bandwidth on DGX systems lands around 75-85% of NVLink's
+// unidirectional figure): an assumption, stated in docs/simulator.md.
+constexpr double kLinkEfficiency = 0.8;
+
+ClusterSpec gpu_node(std::string name, std::string description, std::string sources, int64_t memory,
+                     double bf16, double fp32, double hbm, double nvlink_unidirectional, double nic) {
+  ClusterSpec c;
+  c.name = std::move(name);
+  c.description = std::move(description);
+  c.sources = std::move(sources);
+  c.gpus_per_node = 8;
+  c.memory_bytes = memory;
+  c.reserved_bytes = 2 * kGiB;
+  c.peak_flops_16bit = bf16;
+  c.peak_flops_32bit = fp32;
+  c.gemm_efficiency = 0.7;
+  c.memory_bytes_per_s = hbm;
+  c.kernel_latency_s = 5e-6;
+  c.intra_node = {10e-6, kLinkEfficiency * nvlink_unidirectional};
+  c.inter_node = {20e-6, kLinkEfficiency * nic};
+  return c;
+}
+
+std::vector<ClusterSpec> gpu_clusters() {
+  return {
+      gpu_node("8xA100-80GB", "8x A100 SXM4 80GB, NVLink 3 / NVSwitch, 8x 200 Gb/s HDR InfiniBand per node",
+               "NVIDIA A100 datasheet (312 TFLOP/s dense BF16, 19.5 TFLOP/s FP32, 2039 GB/s HBM2e, NVLink 600 GB/s "
+               "bidirectional); DGX A100 user guide (8x ConnectX-6 HDR 200 Gb/s)",
+               80 * kGiB, 312e12, 19.5e12, 2039 * kGB, 300 * kGB, 25 * kGB),
+      gpu_node("8xH100-80GB", "8x H100 SXM5 80GB, NVLink 4 / NVSwitch, 8x 400 Gb/s NDR InfiniBand per node",
+               "NVIDIA H100 datasheet (989 TFLOP/s dense BF16, 67 TFLOP/s FP32, 3.35 TB/s HBM3, NVLink 900 GB/s "
+               "bidirectional); DGX H100 user guide (8x ConnectX-7 NDR 400 Gb/s)",
+               80 * kGiB, 989e12, 67e12, 3350 * kGB, 450 * kGB, 50 * kGB),
+      gpu_node("8xH200-141GB", "8x H200 SXM 141GB, NVLink 4 / NVSwitch, 8x 400 Gb/s NDR InfiniBand per node",
+               "NVIDIA H200 datasheet (989 TFLOP/s dense BF16, 67 TFLOP/s FP32, 141 GB HBM3e at 4.8 TB/s, NVLink "
+               "900 GB/s bidirectional); DGX H200 user guide (8x ConnectX-7 NDR 400 Gb/s)",
+               141000000000, 989e12, 67e12, 4800 * kGB, 450 * kGB, 50 * kGB),
+  };
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+ClusterSpec cpu_local_cluster(Calibration cal, const std::string& file) {
+  ClusterSpec c;
+  c.name = "cpu-local";
+  c.description = fmt::format("this machine: {} cores, calibrated with {} ranks x {} threads ({})", cal.cores,
+                              cal.world, cal.threads_per_rank, file);
+  c.sources = "measured by `autotp simulate --calibrate` (" + file + ")";
+  c.gpus_per_node = cal.world;
+  c.memory_bytes = cal.memory_bytes / std::max(1, cal.world);
+  c.reserved_bytes = 0;
+  c.peak_flops_16bit = c.peak_flops_32bit = cal.gemm_peak_flops;
+  c.gemm_efficiency = 1;
+  c.memory_bytes_per_s = cal.elementwise_forward.rate;
+  c.kernel_latency_s = cal.elementwise_forward.latency_s;
+  c.native_reduce_scatter = false;
+  c.reduce_16bit_as_fp32 = true;
+  c.calibration = std::move(cal);
+  return c;
+}
+
+namespace {
+ClusterSpec cpu_local(const std::string& file) {
+  AUTOTP_USER_CHECK(exists(file),
+                    "cluster cpu-local needs a calibration file, {} does not exist (make one with "
+                    "`autotp simulate --calibrate --nproc N --calibration {}`)",
+                    file, file);
+  return cpu_local_cluster(Calibration::from_file(file), file);
+}
+}  // namespace
+
+std::vector<std::string> cluster_names() {
+  std::vector<std::string> names;
+  for (const auto& c : gpu_clusters()) names.push_back(c.name);
+  names.push_back("cpu-local");
+  return names;
+}
+
+ClusterSpec find_cluster(const std::string& name, const ClusterOptions& options) {
+  if (name == "cpu-local")
+    return cpu_local(options.calibration_file.empty() ? default_calibration_path() : options.calibration_file);
+  for (auto& c : gpu_clusters()) {
+    if (c.name != name) continue;
+    if (options.inter_node_GBps) {
+      AUTOTP_USER_CHECK(*options.inter_node_GBps > 0, "--inter-node-bw must be positive, got {}",
+                        *options.inter_node_GBps);
+      c.inter_node.bus_bytes_per_s = kLinkEfficiency * *options.inter_node_GBps * kGB;
+    }
+    return c;
+  }
+  throw_user_error("--cluster {}: unknown cluster (allowed: {})", name, fmt::join(cluster_names(), ", "));
+}
+
+}  // namespace autotp::sim

@@ -1,0 +1,128 @@
+#include "simulator/memory_model.h"
+
+namespace autotp::sim {
+namespace {
+
+struct ActivationParts {
+  int64_t per_layer = 0;       // saved by one decoder layer without recomputation
+  int64_t layer_input = 0;     // what a recomputed layer keeps (its input)
+  int64_t outer = 0;           // embedding indices, rotary tables, final norm
+  int64_t layer_backward = 0;  // transients while one layer runs its backward
+  int64_t head_forward = 0;    // transients of the LM head + cross-entropy forward (incl. the saved softmax)
+  int64_t head_backward = 0;   // transients at the start of the backward (incl. the saved softmax)
+};
+
+ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const SimLayout& l) {
+  const int64_t a = static_cast<int64_t>(c10::elementSize(l.dtype));  // activation element size
+  const bool f32 = l.dtype == torch::kFloat32;
+  const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T, H = s.hidden, D = s.head_dim;
+  const int64_t BTH = BT * H, heads = s.local_heads, I = s.local_intermediate, V = s.local_vocab;
+  const int64_t scores = B * heads * T * T;
+  // Softmax runs in fp32 and is saved; a 16-bit model also saves the cast copy the PV matmul reads.
+  const int64_t probs = 4 * scores + (f32 ? 0 : a * scores);
+  const int64_t mask = T * T;  // the causal mask (bool), saved by masked_fill
+  ActivationParts p;
+  if (s.gpt2) {
+    const int64_t norm = 2 * a * BTH + 8 * BT;  // LayerNorm input, mean, rstd; its output (read by the linear)
+    p.per_layer = 2 * norm + a * BT * heads * D * (3 /*qkv kept by the q view*/ + 2 /*k, v gathered*/ +
+                                                    1 /*attention output*/) +
+                  probs + mask + 5 * a * BT * I /*c_fc output, gelu_new's 3 saved terms, its output*/;
+    p.outer = BT * 8 + T * 8 + (2 * a * BTH + 8 * BT);  // token ids, positions, ln_f
+  } else {
+    // RMSNorm in fp32: the fp32 input (the layer input itself in fp32), rsqrt, the
+    // normalized value, and the scaled output the next linears read.
+    const int64_t norm = 4 * BTH + 4 * BT + 2 * a * BTH;
+    p.per_layer = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
+                  probs + mask + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
+    p.outer = BT * 8 + 2 * a * T * D + norm;  // token ids, rotary cos / sin, final norm
+  }
+  if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
+  p.layer_input = a * BTH;
+  p.layer_backward = (a + 4) * scores + 2 * a * BTH;
+  if (s.gpt2) p.layer_backward += 2 * a * BT * I;  // gelu_new: its backward keeps two more gradients of the MLP width
+  const int64_t ce_saved = 4 * BT * V + BT * 8 + 2 * BT;  // softmax (fp32), local targets, masks
+  p.head_forward = a * BT * V /*logits*/ + (f32 ? 0 : 4 * BT * V) /*fp32 copy*/ + 4 * BT * V /*shifted*/ + ce_saved;
+  p.head_backward = ce_saved + (f32 ? 0 : a * BT * V) + a * BTH + a * V * H /*LM-head weight gradient*/;
+  return p;
+}
+
+}  // namespace
+
+nlohmann::json MemoryEstimate::to_json() const {
+  return {{"params", states.params},
+          {"grads", states.grads},
+          {"master_weights", states.master_weights},
+          {"optimizer_states", states.optimizer_states},
+          {"activations", activations},
+          {"comm_buffers", comm_buffers},
+          {"total", total},
+          {"model_states", states.total()},
+          {"transient_grads", transient_grads},
+          {"optimizer_temporaries", optimizer_temporaries},
+          {"norm_mask", norm_mask},
+          {"forward_backward_peak", forward_backward_peak},
+          {"optimizer_peak", optimizer_peak},
+          {"peak_phase", peak_phase}};
+}
+
+int64_t saved_activation_bytes(const ModelConfig& config, const RankShape& shape, const SimLayout& layout) {
+  auto p = activation_parts(config, shape, layout);
+  const int64_t L = config.num_layers;
+  return (layout.recompute() ? p.layer_input : p.per_layer) * L + p.outer;
+}
+
+MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape, const SimLayout& layout) {
+  MemoryEstimate m;
+  const int dp = layout.dp();
+  const int stage = layout.zero_stage;
+  m.states = ZeroOptimizer::analytic_bytes(shape.local_numel, dp, stage, layout.dtype, layout.optimizer);
+  const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
+  const bool mixed = layout.dtype != torch::kFloat32;
+  const int64_t P = (shape.local_numel + dp - 1) / dp * dp;  // the engine's padded flat buffer
+  const int64_t part = stage == 0 ? P : P / dp;
+
+  // Activations of one micro-batch at its highest point.
+  auto p = activation_parts(config, shape, layout);
+  const int64_t L = config.num_layers;
+  const int64_t data = 2 * 8 * layout.micro_batch * layout.seq_len * layout.gas;  // input ids + labels
+  int64_t kept, layer_peak;
+  if (layout.recompute()) {
+    kept = p.layer_input * L + p.outer;
+    layer_peak = kept + p.per_layer + p.layer_backward;  // one layer recomputed in the backward
+  } else {
+    kept = p.per_layer * L + p.outer;
+    layer_peak = kept + p.layer_backward;
+  }
+  const int64_t activation_peak = std::max({kept + p.head_forward, kept + p.head_backward, layer_peak});
+  m.activations = activation_peak + data;
+
+  // Forward / backward phase.
+  int64_t transient_grads = 0;
+  if (stage >= 2) transient_grads = a * P + (mixed ? 4 * P : 0);  // full buffers rebuilt each step
+  int64_t gathered = 0;
+  if (stage == 3) gathered = a * (shape.outer_numel + shape.max_layer_numel());  // outer + the running layer
+  // The optimizer's fp32 ownership mask for the global norm (one element per flat-buffer element).
+  m.norm_mask = 4 * P;
+  m.forward_backward_peak = m.states.total() + m.norm_mask + transient_grads + gathered + m.activations;
+
+  // Optimizer phase: the grad-norm temporaries (fp64 square, masked) or the
+  // stage 1-2 all-gather of the updated partitions (per-rank blocks + their concatenation).
+  const int64_t outer = stage == 3 ? a * shape.outer_numel : 0;
+  // fp64 copy, its square, the mask cast to fp64 and the masked product: 4 x 8 bytes per element.
+  const int64_t norm_temporaries = 4 * 8 * part;
+  const int64_t adam_temporaries = 2 * 4 * part;
+  const int64_t all_gather = (stage == 1 || stage == 2) && dp > 1 ? 2 * a * P : 0;
+  const int64_t base = m.states.total() + m.norm_mask + transient_grads + outer + data;
+  const int64_t temporaries = std::max(norm_temporaries, adam_temporaries);
+  m.optimizer_peak = base + std::max(temporaries, all_gather);
+
+  // Each kind is its largest amount during the step; the total is the peak of their sum.
+  m.transient_grads = transient_grads;
+  m.comm_buffers = std::max(gathered, outer + all_gather);
+  m.optimizer_temporaries = temporaries;
+  m.total = std::max(m.forward_backward_peak, m.optimizer_peak);
+  m.peak_phase = m.forward_backward_peak >= m.optimizer_peak ? "forward_backward" : "optimizer";
+  return m;
+}
+
+}  // namespace autotp::sim

@@ -1,0 +1,59 @@
+// Per-rank memory of a training layout, as this engine allocates it:
+//   - model states between steps: ZeroOptimizer::analytic_bytes on the rank's
+//     TpPlan shard (exactly what the engine measures; docs/memory.md)
+//   - activations kept for the backward, counted tensor by tensor from what the
+//     engine's autograd graph saves (docs/simulator.md lists them), plus the
+//     transients at the peak moment (the vocab-parallel cross-entropy, the
+//     backward's gradient buffers)
+//   - communication buffers (ZeRO-3 gathered parameters, all-gather outputs)
+//   - the step's transient gradient buffers and optimizer temporaries
+// The peak is the larger of the forward/backward phase and the optimizer phase.
+#pragma once
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "autotp/model/model_config.h"
+#include "autotp/runtime/train_config.h"
+#include "autotp/zero/zero_optimizer.h"
+#include "simulator/rank_shape.h"
+
+namespace autotp::sim {
+
+struct SimLayout {
+  int gpus = 1;                              // world size
+  int tp = 1;                                // tensor_parallel.autotp_size
+  int zero_stage = 0;                        // 0..3
+  int64_t micro_batch = 1;                   // sequences per forward on one rank
+  int64_t seq_len = 1;                       // tokens per sequence
+  int64_t gas = 1;                           // gradient accumulation steps
+  torch::ScalarType dtype = torch::kBFloat16;
+  bool activation_checkpointing = false;     // every layer (ZeRO-3 recomputes anyway)
+  OptimizerConfig optimizer;                 // AdamW by default (2 fp32 states)
+  int64_t reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;  // elements per gradient bucket
+  int dp() const { return gpus / tp; }
+  bool recompute() const { return activation_checkpointing || zero_stage == 3; }
+};
+
+struct MemoryEstimate {
+  ModelStateBytes states;          // between steps (the engine's formula)
+  // Each kind below is its largest amount during the step; `total` is the peak of the sum.
+  int64_t activations = 0;         // saved activations + backward transients (one micro-batch) + the batch
+  int64_t comm_buffers = 0;        // ZeRO-3 gathered parameters, all-gather outputs
+  int64_t transient_grads = 0;     // full gradient buffers alive only during the step (stages 2-3)
+  int64_t optimizer_temporaries = 0;  // grad-norm (fp64) and AdamW temporaries
+  int64_t norm_mask = 0;           // the optimizer's fp32 mask of owned elements (4 bytes x flat buffer), persistent
+  int64_t forward_backward_peak = 0;
+  int64_t optimizer_peak = 0;
+  int64_t total = 0;               // predicted peak bytes = max of the two phases
+  std::string peak_phase;          // "forward_backward" | "optimizer"
+  nlohmann::json to_json() const;  // the contract's memory object (+ extras)
+};
+
+// Activation bytes one micro-batch keeps for the backward (no transients).
+int64_t saved_activation_bytes(const ModelConfig& config, const RankShape& shape, const SimLayout& layout);
+
+MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape, const SimLayout& layout);
+
+}  // namespace autotp::sim

@@ -1,0 +1,75 @@
+#include "simulator/rank_shape.h"
+
+#include <regex>
+
+#include "autotp/model/causal_lm.h"
+
+namespace autotp::sim {
+
+int64_t RankShape::max_layer_numel() const {
+  int64_t m = 0;
+  for (int64_t n : layer_numel) m = std::max(m, n);
+  return m;
+}
+
+TpPlan build_plan(const ModelConfig& config, int tp) {
+  TpPlanOptions options;
+  options.tp_size = tp;
+  return TpPlan::build(config, options);
+}
+
+RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank) {
+  // The same layer-name rule the ZeRO-3 optimizer groups parameters by.
+  static const std::regex layer_name(R"(\.(layers|h)\.([0-9]+)\.(.*)\.weight$)");
+  static const std::regex any_layer(R"(\.(layers|h)\.([0-9]+)\.)");
+  RankShape s;
+  s.tp = plan.tp_size();
+  s.tp_rank = tp_rank;
+  s.gpt2 = config.family == ModelFamily::kGpt2;
+  s.hidden = config.hidden_size;
+  s.head_dim = config.head_dim;
+  s.layer_numel.assign(config.num_layers, 0);
+  for (const auto& e : plan.entries()) {
+    const int64_t n = e.spec.local_numel(tp_rank);
+    s.local_numel += n;
+    ++s.tensors;
+    std::smatch match;
+    if (std::regex_search(e.desc.name, match, any_layer)) {
+      s.layer_numel[std::stoll(match[2].str())] += n;
+    } else {
+      s.outer_numel += n;
+      ++s.outer_tensors;
+    }
+    if (e.spec.has_overlap()) {
+      int64_t global = 1;
+      for (int64_t d : e.desc.shape) global *= d;
+      s.shared_numel.push_back(global);
+    }
+    if (e.desc.kind == ParamKind::kEmbedding || e.desc.kind == ParamKind::kLmHead) {
+      if (e.role == TpRole::kVocab) s.vocab_split = true;
+      if (e.desc.kind == ParamKind::kLmHead || config.tie_word_embeddings) s.local_vocab = e.spec.local_extent(tp_rank);
+    }
+    const bool linear = e.desc.kind == ParamKind::kLinear || e.desc.kind == ParamKind::kConv1D;
+    if (linear && std::regex_search(e.desc.name, match, layer_name) && match[2].str() == "0") {
+      auto shape = e.spec.local_shape(tp_rank);
+      LocalLinear l;
+      l.name = match[3].str();
+      l.in = shape[e.desc.in_dim()];
+      l.out = shape[e.desc.out_dim()];
+      l.row = e.role == TpRole::kRow;
+      s.layer_linears.push_back(l);
+      const std::string& name = e.desc.name;
+      auto ends_with = [&](const std::string& suffix) {
+        return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+      };
+      if (ends_with("q_proj.weight") || ends_with("c_attn.weight"))
+        s.local_heads = local_heads(config, e.spec, tp_rank).count;
+      if (ends_with("k_proj.weight")) s.local_kv_heads = l.out / config.head_dim;
+      if (ends_with("gate_proj.weight") || ends_with("c_fc.weight")) s.local_intermediate = l.out;
+    }
+  }
+  if (s.gpt2) s.local_kv_heads = s.local_heads;
+  return s;
+}
+
+}  // namespace autotp::sim

@@ -1,0 +1,43 @@
+// What one tensor-parallel rank holds and computes, read from the engine's own
+// TpPlan / ShardSpec (never re-derived): parameter elements in total, per
+// decoder layer and outside the layers, the local widths of every linear, local
+// query / kv heads, intermediate and vocab widths, and the parameters whose kv
+// slices are shared by several tp ranks (their gradients are summed over tp).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autotp/model/model_config.h"
+#include "autotp/tp/tp_plan.h"
+
+namespace autotp::sim {
+
+struct LocalLinear {
+  std::string name;        // module suffix inside the layer, e.g. "self_attn.q_proj"
+  int64_t in = 0, out = 0; // local input / output features of this rank
+  bool row = false;        // row-parallel: all-reduce of the output in the forward
+};
+
+struct RankShape {
+  int tp = 1, tp_rank = 0;
+  int64_t local_numel = 0;                // every parameter's ShardSpec::local_numel, summed (Psi)
+  std::vector<int64_t> layer_numel;       // per decoder layer
+  int64_t outer_numel = 0;                // embeddings, final norm, LM head
+  int64_t outer_tensors = 0;              // how many parameters are outside the layers
+  int64_t tensors = 0;                    // parameters in all
+  std::vector<LocalLinear> layer_linears; // layer 0's linears (every layer has the same shapes)
+  int64_t hidden = 0, head_dim = 0;
+  int64_t local_heads = 0, local_kv_heads = 0, local_intermediate = 0, local_vocab = 0;
+  bool vocab_split = false;               // embedding / LM head vocab-parallel
+  bool gpt2 = false;
+  std::vector<int64_t> shared_numel;      // global numel of each parameter with kv slices shared over tp
+
+  int64_t max_layer_numel() const;
+};
+
+RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank);
+// The plan the engine builds for `tp` (TpPlanOptions with defaults).
+TpPlan build_plan(const ModelConfig& config, int tp);
+
+}  // namespace autotp::sim

@@ -1,0 +1,197 @@
+#include "simulator/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+
+namespace autotp::sim {
+namespace {
+
+const char* dtype_label(torch::ScalarType t) {
+  return t == torch::kFloat32 ? "fp32" : t == torch::kBFloat16 ? "bf16" : "fp16";
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  const double gib = 1024.0 * 1024 * 1024;
+  if (bytes >= gib) return fmt::format("{:.2f} GiB", bytes / gib);
+  if (bytes >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024));
+  return fmt::format("{:.1f} KiB", bytes / 1024.0);
+}
+
+nlohmann::json SimResult::to_json() const {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < rank_memory.size(); ++r) {
+    auto j = rank_memory[r].to_json();
+    j["tp_rank"] = r;
+    ranks.push_back(j);
+  }
+  return {{"fits", fits},
+          {"memory", memory.to_json()},
+          {"time", time.to_json()},
+          {"tokens_per_s", tokens_per_s},
+          {"mfu", mfu},
+          {"model", model},
+          {"architecture", architecture},
+          {"parameters", parameters},
+          {"cluster", cluster},
+          {"layout",
+           {{"gpus", layout.gpus},
+            {"tp", layout.tp},
+            {"dp", layout.dp()},
+            {"zero_stage", layout.zero_stage},
+            {"micro_batch", layout.micro_batch},
+            {"seq_len", layout.seq_len},
+            {"gas", layout.gas},
+            {"dtype", dtype_label(layout.dtype)},
+            {"activation_checkpointing", layout.activation_checkpointing},
+            {"recompute", layout.recompute()},
+            {"optimizer", layout.optimizer.type}}},
+          {"capacity_bytes", capacity_bytes},
+          {"usable_bytes", usable_bytes},
+          {"model_flops_per_step", time.model_flops},
+          {"rank_memory", ranks},
+          {"notes", notes}};
+}
+
+void validate_layout(const ModelConfig& config, const ClusterSpec& cluster, const SimLayout& l) {
+  AUTOTP_USER_CHECK(l.gpus >= 1, "--gpus must be at least 1, got {}", l.gpus);
+  AUTOTP_USER_CHECK(l.tp >= 1 && l.gpus % l.tp == 0, "--tp {} does not divide --gpus {} (allowed: divisors of {})",
+                    l.tp, l.gpus, l.gpus);
+  AUTOTP_USER_CHECK(l.tp <= config.num_heads, "--tp {} is larger than the model's {} attention heads", l.tp,
+                    config.num_heads);
+  AUTOTP_USER_CHECK(l.zero_stage >= 0 && l.zero_stage <= 3, "--zero {} is not a ZeRO stage (allowed: 0, 1, 2, 3)",
+                    l.zero_stage);
+  AUTOTP_USER_CHECK(l.micro_batch >= 1, "--micro-batch must be at least 1, got {}", l.micro_batch);
+  AUTOTP_USER_CHECK(l.gas >= 1, "--gas must be at least 1, got {}", l.gas);
+  AUTOTP_USER_CHECK(l.seq_len >= 1 && l.seq_len <= config.max_positions,
+                    "--seq-len {} is outside the model's positions (allowed: 1..{})", l.seq_len, config.max_positions);
+  if (!cluster.calibration && l.gpus > cluster.gpus_per_node)
+    AUTOTP_USER_CHECK(l.gpus % cluster.gpus_per_node == 0,
+                      "--gpus {} on {} must be a multiple of its {} GPUs per node", l.gpus, cluster.name,
+                      cluster.gpus_per_node);
+  if (cluster.calibration)
+    AUTOTP_USER_CHECK(l.dtype != torch::kFloat16,
+                      "--dtype fp16 cannot run on cpu-local (LibTorch has no float16 matmul on CPU; allowed: bf16, fp32)");
+}
+
+SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& layout,
+                   const TimeOptions& options) {
+  validate_layout(model.config, cluster, layout);
+  SimResult r;
+  r.model = model.label;
+  r.architecture = model.config.architecture;
+  r.parameters = count_parameters(model.config);
+  r.cluster = cluster.name;
+  r.layout = layout;
+  const TpPlan plan = build_plan(model.config, layout.tp);
+  for (int rank = 0; rank < layout.tp; ++rank) {
+    const RankShape shape = rank_shape(model.config, plan, rank);
+    MemoryEstimate m = estimate_memory(model.config, shape, layout);
+    TimeEstimate t = estimate_time(model.config, shape, layout, cluster, options);
+    if (rank == 0 || m.total > r.memory.total) r.memory = m;
+    if (rank == 0 || t.step_s > r.time.step_s) r.time = t;
+    r.rank_memory.push_back(m);
+  }
+  r.capacity_bytes = cluster.memory_bytes;
+  r.usable_bytes = cluster.memory_bytes - cluster.reserved_bytes;
+  r.fits = r.memory.total <= r.usable_bytes;
+  const double tokens = static_cast<double>(layout.micro_batch) * layout.seq_len * layout.gas * layout.dp();
+  r.tokens_per_s = tokens / r.time.step_s;
+  const double peak = cluster.peak_flops(layout.dtype != torch::kFloat32) * layout.gpus;
+  r.mfu = r.time.model_flops / r.time.step_s / peak;
+  if (cluster.calibration && cluster.calibration->world != layout.gpus)
+    r.notes.push_back(fmt::format("cpu-local was calibrated with {} ranks, this layout has {}: contention differs",
+                                  cluster.calibration->world, layout.gpus));
+  if (layout.zero_stage == 3 && !layout.activation_checkpointing)
+    r.notes.push_back("ZeRO-3 recomputes every layer in the backward (the engine gathers layers around it)");
+  if (!r.fits)
+    r.notes.push_back(fmt::format("does not fit: peak {} > usable {} per GPU", format_bytes(r.memory.total),
+                                  format_bytes(r.usable_bytes)));
+  return r;
+}
+
+std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& base,
+                             const TimeOptions& options) {
+  std::vector<SimResult> out;
+  for (int tp = 1; tp <= base.gpus; ++tp) {
+    if (base.gpus % tp != 0 || tp > model.config.num_heads) continue;
+    for (int stage = 0; stage <= 3; ++stage) {
+      SimLayout l = base;
+      l.tp = tp;
+      l.zero_stage = stage;
+      out.push_back(simulate(model, cluster, l, options));
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const SimResult& a, const SimResult& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.tokens_per_s > b.tokens_per_s;
+  });
+  return out;
+}
+
+std::string format_result(const SimResult& r) {
+  const auto& l = r.layout;
+  const auto& m = r.memory;
+  const auto& t = r.time;
+  std::string s = fmt::format(
+      "{} ({}, {:.3f}B parameters) on {}: {} GPUs = dp {} x tp {}, ZeRO-{}, {}, micro-batch {} x seq {} x gas {}{}\n",
+      r.model, r.architecture, r.parameters / 1e9, r.cluster, l.gpus, l.dp(), l.tp, l.zero_stage,
+      dtype_label(l.dtype), l.micro_batch, l.seq_len, l.gas, l.recompute() ? ", recompute" : "");
+  s += "memory per GPU (worst tp rank):\n";
+  auto row = [&](const char* name, int64_t bytes) { s += fmt::format("  {:<24}{:>14}\n", name, format_bytes(bytes)); };
+  row("parameters", m.states.params);
+  row("gradients", m.states.grads);
+  row("fp32 master weights", m.states.master_weights);
+  row("optimizer moments", m.states.optimizer_states);
+  row("activations", m.activations);
+  row("communication buffers", m.comm_buffers);
+  if (m.transient_grads) row("transient gradients", m.transient_grads);
+  if (m.optimizer_temporaries) row("optimizer temporaries", m.optimizer_temporaries);
+  if (m.norm_mask) row("grad-norm mask", m.norm_mask);
+  s += fmt::format("  {:<24}{:>14}  (peak in the {} phase) of {} usable: {}\n", "total", format_bytes(m.total),
+                   m.peak_phase == "optimizer" ? "optimizer" : "forward/backward", format_bytes(r.usable_bytes),
+                   r.fits ? "fits" : "DOES NOT FIT");
+  s += "step time:\n";
+  auto trow = [&](const char* name, double sec) { s += fmt::format("  {:<24}{:>12.3f} ms\n", name, sec * 1e3); };
+  trow("compute", t.compute_s);
+  trow("tp communication", t.tp_comm_s);
+  trow("ZeRO communication", t.zero_comm_s);
+  trow("overlapped", t.overlap_s);
+  trow("step", t.step_s);
+  s += fmt::format("  {:<24}{:>12.0f}\n  {:<24}{:>11.1f}%\n", "tokens/s", r.tokens_per_s, "MFU", 100 * r.mfu);
+  for (const auto& n : r.notes) s += "note: " + n + "\n";
+  return s;
+}
+
+std::string format_sweep(const std::vector<SimResult>& results) {
+  std::string s = fmt::format("{:>3} {:>3} {:>4} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>7}  {}\n", "tp", "dp",
+                              "zero", "states", "activations", "peak", "compute", "comm", "tokens/s", "MFU", "fits");
+  for (const auto& r : results)
+    s += fmt::format("{:>3} {:>3} {:>4} {:>12} {:>12} {:>12} {:>8.1f}ms {:>8.1f}ms {:>12.0f} {:>6.1f}%  {}\n",
+                     r.layout.tp, r.layout.dp(), r.layout.zero_stage, format_bytes(r.memory.states.total()),
+                     format_bytes(r.memory.activations), format_bytes(r.memory.total), r.time.compute_s * 1e3,
+                     (r.time.tp_comm_s + r.time.zero_comm_s - r.time.overlap_s) * 1e3, r.tokens_per_s, 100 * r.mfu,
+                     r.fits ? "yes" : "no");
+  return s;
+}
+
+std::string markdown_sweep(const std::vector<SimResult>& results) {
+  std::string s =
+      "| tp | dp | ZeRO | model states | activations | peak / GPU | fits | compute | tp comm | ZeRO comm | step | "
+      "tokens/s | MFU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : results)
+    s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.0f} | "
+                     "{:.1f}% |\n",
+                     r.layout.tp, r.layout.dp(), r.layout.zero_stage, format_bytes(r.memory.states.total()),
+                     format_bytes(r.memory.activations), format_bytes(r.memory.total), r.fits ? "yes" : "**no**",
+                     r.time.compute_s * 1e3, r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.step_s * 1e3,
+                     r.tokens_per_s, 100 * r.mfu);
+  return s;
+}
+
+}  // namespace autotp::sim

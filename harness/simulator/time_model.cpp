@@ -1,0 +1,275 @@
+#include "simulator/time_model.h"
+
+#include <cmath>
+
+#include "autotp/model/param_layout.h"
+
+namespace autotp::sim {
+namespace {
+
+double factor(CollectiveOp op, int n) {
+  return op == CollectiveOp::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+}
+
+// The calibrated cost for group size n, or the nearest calibrated size scaled by the ring factor.
+const LinearCost* nearest(const std::map<int, LinearCost>& costs, int n, int* found) {
+  const LinearCost* best = nullptr;
+  int best_n = 0;
+  for (const auto& [size, cost] : costs) {
+    if (!best || std::abs(size - n) < std::abs(best_n - n)) {
+      best = &cost;
+      best_n = size;
+    }
+  }
+  *found = best_n;
+  return best;
+}
+
+// Elementwise costs: seconds for an op on `elements` elements of `element_size` bytes
+// (two inputs read, one output written).
+struct Elementwise {
+  LinearCost forward, forward_grad, forward_backward;
+  int64_t element_size = 4;
+  double fwd(double elements, double ops = 1) const { return ops * forward.seconds(3 * elements * element_size); }
+  double grad(double elements, double ops = 1) const {
+    return ops * forward_grad.seconds(3 * elements * element_size);
+  }
+  double fb(double elements, double ops = 1) const {
+    return ops * forward_backward.seconds(3 * elements * element_size);
+  }
+};
+
+Elementwise elementwise_costs(const ClusterSpec& c, int64_t element_size) {
+  Elementwise e;
+  e.element_size = element_size;
+  if (c.calibration) {
+    e.forward = c.calibration->elementwise_forward;
+    e.forward_grad = c.calibration->elementwise_forward_grad;
+    e.forward_backward = c.calibration->elementwise_forward_backward;
+  } else {
+    // One kernel reads and writes its tensors once at HBM speed; the backward of
+    // an elementwise op is about two more such kernels.
+    e.forward = e.forward_grad = {c.kernel_latency_s, c.memory_bytes_per_s};
+    e.forward_backward = {3 * c.kernel_latency_s, c.memory_bytes_per_s / 3};
+  }
+  return e;
+}
+
+// Elementwise work of one decoder layer's forward, as (ops, elements) pairs, and
+// ops that only dispatch (views, transposes).
+struct LayerOps {
+  std::vector<std::pair<double, double>> ops;
+  double views = 0;
+};
+
+LayerOps layer_ops(const RankShape& s, int64_t B, int64_t T) {
+  const double BT = static_cast<double>(B * T), BTH = BT * s.hidden;
+  const double Q = BT * s.local_heads * s.head_dim, K = BT * s.local_kv_heads * s.head_dim;
+  const double S = static_cast<double>(B) * s.local_heads * T * T, I = BT * s.local_intermediate;
+  LayerOps l;
+  if (s.gpt2) {
+    l.ops = {{2, BTH} /*layer norms*/, {2, Q} /*k, v per query head*/, {3, S} /*scale, mask, softmax*/,
+             {1, Q} /*attention output copy*/, {6, BTH} /*row reduce copies, row biases, residuals*/,
+             {8, I} /*gelu_new*/};
+    l.views = 10;
+  } else {
+    l.ops = {{8, BTH} /*two RMSNorms: pow, mul, mul (mean on BTH)*/, {4, BT} /*add, rsqrt*/,
+             {4.5, Q} /*rotary q*/, {4.5, K} /*rotary k*/, {2, Q} /*k, v per query head*/,
+             {3, S} /*scale, mask, softmax*/, {1, Q} /*attention output copy*/,
+             {4, BTH} /*row reduce copies, residuals*/, {2, I} /*silu, product*/};
+    l.views = 14;
+  }
+  return l;
+}
+
+double sum_ops(const LayerOps& l, const Elementwise& e, bool backward) {
+  double t = 0;
+  for (const auto& [count, elements] : l.ops) t += backward ? e.fb(elements, count) : e.grad(elements, count);
+  return t + l.views * (backward ? e.forward_backward.latency_s : e.forward_grad.latency_s) / 3;
+}
+
+}  // namespace
+
+nlohmann::json TimeEstimate::to_json() const {
+  return {{"compute_s", compute_s},     {"tp_comm_s", tp_comm_s},           {"zero_comm_s", zero_comm_s},
+          {"overlap_s", overlap_s},     {"step_s", step_s},                 {"gemm_s", gemm_s},
+          {"elementwise_s", elementwise_s}, {"optimizer_s", optimizer_s},   {"tp_collectives", tp_collectives},
+          {"zero_collectives", zero_collectives}};
+}
+
+double collective_seconds(const ClusterSpec& c, CollectiveOp op, double bytes, int group, GroupScope scope) {
+  if (group <= 1) return 0;
+  if (c.calibration) {
+    // Gloo in LibTorch 1.13 has no reduce-scatter: the engine all-reduces instead.
+    const auto& table = op == CollectiveOp::kAllGather ? c.calibration->all_gather : c.calibration->all_reduce;
+    const CollectiveOp measured = op == CollectiveOp::kAllGather ? CollectiveOp::kAllGather : CollectiveOp::kAllReduce;
+    int n = 0;
+    const LinearCost* cost = nearest(table, group, &n);
+    if (cost) {
+      if (n == group) return cost->seconds(bytes);
+      return cost->latency_s + (bytes / cost->rate) * factor(measured, group) / factor(measured, n);
+    }
+  }
+  const LinkSpec& link = scope == GroupScope::kInterNode ? c.inter_node : c.intra_node;
+  return link.latency_s + factor(op, group) * bytes / link.bus_bytes_per_s;
+}
+
+double gemm_seconds(const ClusterSpec& c, const GemmShape& shape, bool sixteen_bit) {
+  if (c.calibration) {
+    auto it = c.calibration->gemm_seconds.find(shape);
+    if (it != c.calibration->gemm_seconds.end()) return it->second;
+    return c.calibration->gemm_fit.seconds(shape.flops());
+  }
+  return c.kernel_latency_s + shape.flops() / (c.peak_flops(sixteen_bit) * c.gemm_efficiency);
+}
+
+double model_flops_per_token(const ModelConfig& config, int64_t seq_len) {
+  // Matmul parameters: every linear weight of the layers plus the LM head (tied or not).
+  double matmul = 0;
+  for (const auto& d : describe_parameters(config)) {
+    if (d.kind == ParamKind::kLinear || d.kind == ParamKind::kConv1D || d.kind == ParamKind::kLmHead)
+      matmul += static_cast<double>(d.shape[0]) * d.shape[1];
+  }
+  if (config.tie_word_embeddings) matmul += static_cast<double>(config.vocab_size) * config.hidden_size;
+  const double attention_width = static_cast<double>(config.num_heads) * config.head_dim;
+  return 6 * matmul + 12.0 * config.num_layers * attention_width * seq_len;
+}
+
+std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, const RankShape& s,
+                                                     const SimLayout& l) {
+  std::vector<std::pair<GemmShape, double>> g;
+  const int64_t BT = l.micro_batch * l.seq_len, T = l.seq_len, D = s.head_dim;
+  const double layers = static_cast<double>(config.num_layers);
+  const double forwards = l.recompute() ? 2 : 1;  // a recomputed layer runs its forward twice
+  for (const auto& lin : s.layer_linears) {
+    g.push_back({{BT, lin.in, lin.out, 1}, layers * forwards});
+    g.push_back({{BT, lin.out, lin.in, 1}, layers});  // input gradient
+    g.push_back({{lin.out, BT, lin.in, 1}, layers});  // weight gradient
+  }
+  const int64_t bh = l.micro_batch * s.local_heads;
+  g.push_back({{T, D, T, bh}, layers * forwards});  // scores = q k^T
+  g.push_back({{T, T, D, bh}, layers * forwards});  // probs v
+  g.push_back({{T, T, D, bh}, 3 * layers});         // dq, dk, dv
+  g.push_back({{T, D, T, bh}, layers});             // dprobs
+  g.push_back({{BT, s.hidden, s.local_vocab, 1}, 1});  // LM head
+  g.push_back({{BT, s.local_vocab, s.hidden, 1}, 1});
+  g.push_back({{s.local_vocab, BT, s.hidden, 1}, 1});
+  return g;
+}
+
+TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                           const ClusterSpec& c, const TimeOptions& options) {
+  TimeEstimate t;
+  const bool sixteen = l.dtype != torch::kFloat32;
+  const int64_t a = static_cast<int64_t>(c10::elementSize(l.dtype));
+  const int dp = l.dp(), tp = l.tp, stage = l.zero_stage;
+  const double gas = static_cast<double>(l.gas);
+  const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T;
+  const double BTH = static_cast<double>(BT) * s.hidden, BTV = static_cast<double>(BT) * s.local_vocab;
+  const double L = static_cast<double>(config.num_layers);
+  const Elementwise e = elementwise_costs(c, a);
+
+  // Compute: GEMMs.
+  for (const auto& [shape, count] : step_gemms(config, s, l)) {
+    t.gemm_s += count * gas * gemm_seconds(c, shape, sixteen);
+    t.executed_flops += count * gas * shape.flops();
+  }
+  // Elementwise work per micro-batch: layers (forward + backward, + a recomputed forward),
+  // embedding, final norm, cross-entropy, gradient accumulation into the flat buffer.
+  const LayerOps ops = layer_ops(s, B, T);
+  double micro = L * sum_ops(ops, e, true);
+  if (l.recompute()) micro += L * sum_ops(ops, e, false);
+  micro += e.fb(BTH, s.vocab_split ? 3 : 1) + e.fb(BTH, s.gpt2 ? 2 : 4);  // embedding (+ masks), final norm
+  micro += e.fwd(BTV, 6) + e.fwd(static_cast<double>(BT), 10) + e.fwd(BTV, 3);  // cross-entropy fwd / bwd
+  micro += e.fwd(static_cast<double>(s.local_numel), 1) + s.tensors * e.forward.latency_s;  // grad accumulation
+  if (sixteen) micro += e.fwd(static_cast<double>(s.local_numel), 2);  // fp32 accumulator add + zero
+  // Measured dispatch / autograd overhead of each layer's ops (cpu-local), a third more when recomputed.
+  if (c.calibration) micro += L * c.calibration->layer_overhead_s * (l.recompute() ? 4.0 / 3 : 1.0);
+  t.elementwise_s = gas * micro;
+
+  // Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
+  const int64_t P = (s.local_numel + dp - 1) / dp * dp;
+  const double part = static_cast<double>(stage == 0 ? P : P / dp);
+  t.optimizer_s = e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
+                  + e.fwd(part * 2, 4)                  // norm: to fp64, square, mask, sum
+                  + e.fwd(part, 10)                     // clip + AdamW (decay, two moments, sqrt, div, add, update)
+                  + (sixteen ? e.fwd(part, 1) : 0)      // master weights back to 16 bits
+                  + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
+                  + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
+  t.compute_s = t.gemm_s + t.elementwise_s + t.optimizer_s;
+
+  // Tensor-parallel communication (per micro-batch), activation bytes per collective.
+  const GroupScope tp_scope = tp <= c.gpus_per_node && c.gpus_per_node % tp == 0 ? GroupScope::kIntraNode
+                                                                                 : GroupScope::kInterNode;
+  const double act_bytes = BTH * (c.reduce_16bit_as_fp32 ? 4 : a);
+  if (tp > 1) {
+    double rows = 0, blocks = 0;
+    for (const auto& lin : s.layer_linears) rows += lin.row ? 1 : 0;
+    blocks = rows;  // every block has one row-parallel exit and one column-parallel entry
+    const double per_layer = rows + blocks + (l.recompute() ? rows : 0);
+    double calls = L * per_layer + (s.vocab_split ? 2 : 0);  // + embedding (fwd), LM head input (bwd)
+    double seconds = calls * collective_seconds(c, CollectiveOp::kAllReduce, act_bytes, tp, tp_scope);
+    if (s.vocab_split) {  // cross-entropy: max, then (sum-exp, target logit)
+      seconds += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * BT, tp, tp_scope) +
+                 collective_seconds(c, CollectiveOp::kAllReduce, 8.0 * BT, tp, tp_scope);
+      calls += 2;
+    }
+    t.tp_comm_s = gas * seconds;
+    t.tp_collectives = static_cast<int64_t>(gas * calls);
+    // Per step: the data-consistency hash, and the gradients of kv slices shared by tp ranks.
+    t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 16, tp, tp_scope);
+    t.tp_collectives += 1;
+    for (int64_t n : s.shared_numel) {
+      t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * n, tp, tp_scope);
+      t.tp_collectives += 1;
+    }
+  }
+
+  // ZeRO / data-parallel communication per step.
+  const GroupScope dp_scope = l.gpus > c.gpus_per_node ? GroupScope::kInterNode : GroupScope::kIntraNode;
+  const GroupScope world_scope = dp_scope;
+  if (dp > 1) {
+    double zero = 2 * collective_seconds(c, CollectiveOp::kAllReduce, 16, dp, dp_scope);  // tokens, loss
+    int64_t calls = 2;
+    const int64_t bucket = std::max<int64_t>(1, l.reduce_bucket_size);
+    const bool scatter = stage >= 2 && c.native_reduce_scatter;
+    for (int64_t offset = 0; offset < P; offset += bucket) {
+      const double bytes = 4.0 * std::min(bucket, P - offset);  // fp32 gradients (accumulator when mixed)
+      zero += collective_seconds(c, scatter ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce, bytes, dp,
+                                 dp_scope);
+      ++calls;
+    }
+    if (stage == 1 || stage == 2) {
+      zero += collective_seconds(c, CollectiveOp::kAllGather, static_cast<double>(a) * P, dp, dp_scope);
+      ++calls;
+    }
+    if (stage == 3) {
+      // Outer parameters once per step (one gather each), every layer twice per micro-batch.
+      zero += s.outer_tensors *
+              collective_seconds(c, CollectiveOp::kAllGather,
+                                 static_cast<double>(a) * s.outer_numel / std::max<int64_t>(1, s.outer_tensors), dp,
+                                 dp_scope);
+      calls += s.outer_tensors;
+      for (int64_t n : s.layer_numel)
+        zero += 2 * gas * collective_seconds(c, CollectiveOp::kAllGather, static_cast<double>(a) * n, dp, dp_scope);
+      calls += static_cast<int64_t>(2 * gas * s.layer_numel.size());
+    }
+    t.zero_comm_s = zero;
+    t.zero_collectives = calls;
+  }
+  if (l.gpus > 1) {  // the global gradient norm over the world
+    t.zero_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 8, l.gpus, world_scope);
+    t.zero_collectives += 1;
+  }
+
+  if (options.overlap_comm) {
+    // An overlapping engine hides gradient reduction and stage-3 gathers behind
+    // the backward (about two thirds of the compute); tp traffic stays exposed.
+    t.overlap_s = std::min(t.zero_comm_s, (t.gemm_s + t.elementwise_s) * 2.0 / 3.0);
+  }
+  t.step_s = t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s;
+  t.model_flops = model_flops_per_token(config, l.seq_len) * static_cast<double>(BT) * gas * dp;
+  return t;
+}
+
+}  // namespace autotp::sim

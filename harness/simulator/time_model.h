@@ -1,0 +1,61 @@
+// Step time of a layout on a cluster, built from the operations this engine
+// runs (docs/simulator.md): every GEMM of the forward, backward and any
+// recomputation at its local shape, the elementwise ops of each layer, the
+// optimizer's passes over its partition, and every collective the engine
+// issues (tp: row-layer all-reduces in the forward, column-layer input-gradient
+// all-reduces in the backward, vocab-parallel embedding / cross-entropy; ZeRO:
+// bucketed gradient reduction, partition all-gathers, stage-3 layer gathers).
+// The engine overlaps nothing, so overlap is 0 unless `overlap_comm` asks what
+// an overlapping engine would gain (ZeRO traffic hidden behind the backward).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "simulator/cluster_catalog.h"
+#include "simulator/memory_model.h"
+#include "simulator/rank_shape.h"
+
+namespace autotp::sim {
+
+enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter };
+
+// Which link a group uses on a cluster: tp groups are contiguous ranks (inside a
+// node when tp divides the node), dp groups stride by tp (across nodes when the
+// world is larger than one node).
+enum class GroupScope { kIntraNode, kInterNode };
+
+// One collective of `bytes` (all-reduce: the buffer; all-gather: the gathered
+// output; reduce-scatter: the full input) over `group` ranks.
+double collective_seconds(const ClusterSpec& cluster, CollectiveOp op, double bytes, int group, GroupScope scope);
+double gemm_seconds(const ClusterSpec& cluster, const GemmShape& shape, bool sixteen_bit);
+
+struct TimeOptions {
+  bool overlap_comm = false;  // model ZeRO communication hidden behind the backward (the engine does not)
+};
+
+struct TimeEstimate {
+  double compute_s = 0;
+  double tp_comm_s = 0;
+  double zero_comm_s = 0;
+  double overlap_s = 0;
+  double step_s = 0;
+  double gemm_s = 0;         // part of compute_s
+  double elementwise_s = 0;  // part of compute_s
+  double optimizer_s = 0;    // part of compute_s
+  int64_t tp_collectives = 0, zero_collectives = 0;  // per step
+  double model_flops = 0;    // per step, all ranks: 6 N tokens + attention (no recomputation)
+  double executed_flops = 0; // per step per rank, GEMMs as the engine runs them (with recomputation)
+  nlohmann::json to_json() const;
+};
+
+// The GEMMs one rank runs for one micro-batch (forward, backward, recomputation), with counts.
+std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, const RankShape& shape,
+                                                     const SimLayout& layout);
+
+TimeEstimate estimate_time(const ModelConfig& config, const RankShape& shape, const SimLayout& layout,
+                           const ClusterSpec& cluster, const TimeOptions& options = {});
+
+// Training FLOPs of one token (Kaplan / PaLM: 6 x matmul parameters + 12 x layers x attention width x seq).
+double model_flops_per_token(const ModelConfig& config, int64_t seq_len);
+
+}  // namespace autotp::sim

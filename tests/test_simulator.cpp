@@ -1,0 +1,272 @@
+// The simulator's formulas against closed forms: published parameter counts of
+// the catalog models, the ZeRO paper's model-state bytes, full-recomputation
+// activations (2 s b h per layer), training FLOPs, collective counts and ring
+// costs; and the CLI: --json fields, sweeps, bad input (exit code 2).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "autotp/io/safetensors.h"
+#include "autotp/model/presets.h"
+#include "autotp/runtime/error.h"
+#include "simulator/simulator.h"
+#include "support/cli_runner.h"
+
+namespace autotp::sim {
+namespace {
+
+using nlohmann::json;
+
+TEST(SimulatorCatalog, ParameterCountsMatchThePublishedOnes) {
+  ASSERT_GE(catalog_models().size(), 11u);
+  for (const auto& m : catalog_models()) {
+    auto config = ModelConfig::from_json(m.config, m.name);
+    EXPECT_EQ(count_parameters(config), m.parameters) << m.name << " (" << m.hf_id << ")";
+  }
+  EXPECT_EQ(count_parameters(resolve_sim_model("llama2-7b").config), 6738415616);
+}
+
+TEST(SimulatorCatalog, ResolvesPresetsAndConfigFilesWithRopeScaling) {
+  EXPECT_EQ(resolve_sim_model("preset:llama-tiny").config.hidden_size, 96);
+  auto j = catalog_models().front().config;
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}};  // Llama-3.1 style: same shapes
+  const std::string path = ::testing::TempDir() + "/sim_config.json";
+  io::write_text_file_atomic(path, j.dump());
+  EXPECT_EQ(count_parameters(resolve_sim_model(path).config), 6738415616);
+  EXPECT_THROW(resolve_sim_model("llama-9000"), UserError);
+}
+
+SimLayout layout(int gpus, int tp, int stage, torch::ScalarType dtype = torch::kFloat32) {
+  SimLayout l;
+  l.gpus = gpus;
+  l.tp = tp;
+  l.zero_stage = stage;
+  l.micro_batch = 1;
+  l.seq_len = 2048;
+  l.dtype = dtype;
+  return l;
+}
+
+TEST(SimulatorMemory, ZeroPaperModelStates) {
+  // Llama-2-7B, tp 1, Nd = 8 (Psi divisible by 8, so no padding): fp32 AdamW has
+  // 4-byte params and grads and K = 8 (ZeRO paper, fp32 variant).
+  auto model = resolve_sim_model("llama2-7b");
+  const int64_t psi = 6738415616, nd = 8;
+  auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+  ASSERT_EQ(shape.local_numel, psi);
+  auto states = [&](int stage, torch::ScalarType dtype) {
+    return estimate_memory(model.config, shape, layout(8, 1, stage, dtype)).states;
+  };
+  EXPECT_EQ(states(0, torch::kFloat32).total(), 16 * psi);
+  EXPECT_EQ(states(1, torch::kFloat32).total(), 4 * psi + 4 * psi + 8 * psi / nd);
+  EXPECT_EQ(states(2, torch::kFloat32).total(), 4 * psi + 12 * psi / nd);
+  EXPECT_EQ(states(3, torch::kFloat32).total(), 16 * psi / nd);
+  // bf16: the paper's 2 + 2 + 12 per element at stage 0, plus the engine's fp32 gradient
+  // accumulator (4); at stage 3 the kept gradient partition is fp32 (18 Psi / Nd, not 16).
+  EXPECT_EQ(states(0, torch::kBFloat16).total(), (2 + 2 + 12 + 4) * psi);
+  EXPECT_EQ(states(1, torch::kBFloat16).total(), (2 + 2 + 4) * psi + 12 * psi / nd);
+  EXPECT_EQ(states(2, torch::kBFloat16).total(), 2 * psi + 16 * psi / nd);
+  EXPECT_EQ(states(3, torch::kBFloat16).total(), 18 * psi / nd);
+  EXPECT_EQ(states(3, torch::kBFloat16).master_weights, 4 * psi / nd);
+}
+
+TEST(SimulatorMemory, TensorParallelShardsAndPadding) {
+  // llama-tiny at tp 4: uneven heads (2/2/1/1), kv heads replicated where shared; the
+  // per-rank Psi is the plan's own numbers, and the flat buffer pads to a multiple of dp.
+  auto model = resolve_sim_model("preset:llama-tiny");
+  auto plan = build_plan(model.config, 4);
+  for (int r = 0; r < 4; ++r) {
+    auto shape = rank_shape(model.config, plan, r);
+    int64_t expected = 0;
+    for (const auto& e : plan.entries()) expected += e.spec.local_numel(r);
+    EXPECT_EQ(shape.local_numel, expected);
+    SimLayout l = layout(12, 4, 3);
+    l.seq_len = 64;
+    const int64_t padded = (expected + 2) / 3 * 3;
+    EXPECT_EQ(estimate_memory(model.config, shape, l).states.total(), 16 * padded / 3);
+  }
+  EXPECT_FALSE(rank_shape(model.config, plan, 1).shared_numel.empty());  // rank 1 shares a kv head
+}
+
+TEST(SimulatorMemory, FullRecomputationKeepsTwoBytesPerTokenAndHidden) {
+  // Korthikanti et al.: with full recomputation a layer keeps its input, 2 s b h bytes in 16 bits.
+  auto model = resolve_sim_model("llama2-7b");
+  ModelConfig half = model.config;
+  half.num_layers = 16;
+  SimLayout l = layout(8, 1, 1, torch::kBFloat16);
+  l.activation_checkpointing = true;
+  l.micro_batch = 2;
+  const int64_t s = 2048, b = 2, h = 4096;
+  auto saved = [&](const ModelConfig& c) {
+    return saved_activation_bytes(c, rank_shape(c, build_plan(c, 1), 0), l);
+  };
+  EXPECT_EQ(saved(model.config) - saved(half), 2 * s * b * h * 16);
+  // Without recomputation a layer keeps far more (fp32 norms, the s x s probabilities).
+  l.activation_checkpointing = false;
+  EXPECT_GT(saved(model.config) - saved(half), 16 * 2 * s * b * h * 16);
+}
+
+TEST(SimulatorTime, TrainingFlopsPerToken) {
+  // 6 x matmul parameters (everything but the embedding and norms) + 12 L h s.
+  auto model = resolve_sim_model("llama2-7b");
+  const double matmul = 6738415616.0 - 32000.0 * 4096 - 65.0 * 4096;
+  EXPECT_DOUBLE_EQ(model_flops_per_token(model.config, 2048), 6 * matmul + 12.0 * 32 * 4096 * 2048);
+}
+
+TEST(SimulatorTime, RingCollectiveCost) {
+  auto c = find_cluster("8xA100-80GB");
+  const double bytes = 1e9;
+  EXPECT_DOUBLE_EQ(collective_seconds(c, CollectiveOp::kAllReduce, bytes, 8, GroupScope::kIntraNode),
+                   c.intra_node.latency_s + 2.0 * 7 / 8 * bytes / c.intra_node.bus_bytes_per_s);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, CollectiveOp::kAllGather, bytes, 4, GroupScope::kInterNode),
+                   c.inter_node.latency_s + 3.0 / 4 * bytes / c.inter_node.bus_bytes_per_s);
+  EXPECT_EQ(collective_seconds(c, CollectiveOp::kAllReduce, bytes, 1, GroupScope::kIntraNode), 0);
+  EXPECT_DOUBLE_EQ(c.intra_node.bus_bytes_per_s, 0.8 * 300e9);
+}
+
+TEST(SimulatorTime, CollectiveCountsFollowTheEngine) {
+  auto model = resolve_sim_model("preset:llama-tiny");
+  auto cluster = find_cluster("8xH100-80GB");
+  const int64_t L = model.config.num_layers;
+  {
+    // tp 2: per layer 2 row all-reduces (forward) + 2 block-input gradient all-reduces
+    // (backward); embedding + LM-head input; cross-entropy max and sums; one data hash.
+    SimLayout l = layout(8, 2, 1);
+    l.seq_len = 64;
+    auto shape = rank_shape(model.config, build_plan(model.config, 2), 0);
+    auto t = estimate_time(model.config, shape, l, cluster);
+    EXPECT_EQ(t.tp_collectives, 4 * L + 2 + 2 + 1 + static_cast<int64_t>(shape.shared_numel.size()));
+    // ZeRO-1: tokens + loss, one gradient bucket, one parameter all-gather, the world norm.
+    EXPECT_EQ(t.zero_collectives, 2 + 1 + 1 + 1);
+  }
+  {
+    // ZeRO-3, gas 2, small buckets: + each outer parameter once, each layer twice per micro-batch.
+    SimLayout l = layout(8, 1, 3);
+    l.seq_len = 64;
+    l.gas = 2;
+    l.reduce_bucket_size = 10000;
+    auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+    auto t = estimate_time(model.config, shape, l, cluster);
+    const int64_t padded = (shape.local_numel + 7) / 8 * 8;
+    const int64_t buckets = (padded + 9999) / 10000;
+    EXPECT_EQ(t.tp_collectives, 0);
+    EXPECT_EQ(t.zero_collectives, 2 + buckets + shape.outer_tensors + 2 * L * 2 + 1);
+    EXPECT_GT(t.compute_s, 0);
+    EXPECT_DOUBLE_EQ(t.step_s, t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s);
+  }
+}
+
+TEST(SimulatorTime, MultiNodeDataParallelUsesTheNic) {
+  auto model = resolve_sim_model("llama2-7b");
+  auto one = simulate(model, find_cluster("8xH100-80GB"), layout(8, 8, 1, torch::kBFloat16));
+  auto two = simulate(model, find_cluster("8xH100-80GB"), layout(16, 8, 1, torch::kBFloat16));
+  ClusterOptions slow;
+  slow.inter_node_GBps = 5;
+  auto slower = simulate(model, find_cluster("8xH100-80GB", slow), layout(16, 8, 1, torch::kBFloat16));
+  EXPECT_GT(two.time.zero_comm_s, one.time.zero_comm_s);
+  EXPECT_GT(slower.time.zero_comm_s, 5 * two.time.zero_comm_s);
+  EXPECT_DOUBLE_EQ(two.time.tp_comm_s, one.time.tp_comm_s);  // tp stays inside a node
+}
+
+TEST(SimulatorFits, SeventyBillionNeedsSharding) {
+  auto model = resolve_sim_model("llama2-70b");
+  auto cluster = find_cluster("8xA100-80GB");
+  EXPECT_FALSE(simulate(model, cluster, layout(8, 1, 0, torch::kBFloat16)).fits);  // > 1 TB of states per GPU
+  // ZeRO-3 + tp 8: the engine's full-size transient gradient buffer (6 bytes per local element
+  // in bf16) and norm mask keep 64 H200s just short; 128 fit.
+  EXPECT_FALSE(simulate(model, find_cluster("8xH200-141GB"), layout(64, 8, 3, torch::kBFloat16)).fits);
+  EXPECT_TRUE(simulate(model, find_cluster("8xH200-141GB"), layout(128, 8, 3, torch::kBFloat16)).fits);
+}
+
+TEST(SimulatorCli, JsonHasTheContractFields) {
+  auto r = test::run_cli(
+      "simulate --model llama2-7b --cluster 8xA100-80GB --gpus 8 --tp 2 --zero 1 --micro-batch 1 --seq-len 2048 "
+      "--json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json j = json::parse(r.output);
+  EXPECT_TRUE(j.at("fits").is_boolean());
+  for (const char* key : {"params", "grads", "master_weights", "optimizer_states", "activations", "comm_buffers",
+                          "total"})
+    EXPECT_TRUE(j.at("memory").at(key).is_number_integer()) << key;
+  for (const char* key : {"compute_s", "tp_comm_s", "zero_comm_s", "overlap_s", "step_s"})
+    EXPECT_TRUE(j.at("time").at(key).is_number()) << key;
+  EXPECT_GT(j.at("tokens_per_s").get<double>(), 0);
+  EXPECT_GT(j.at("mfu").get<double>(), 0);
+  EXPECT_LT(j.at("mfu").get<double>(), 1);
+  // tp 2 halves the sharded weights: params = 2 bytes x rank 0's shard.
+  auto model = resolve_sim_model("llama2-7b");
+  auto shape = rank_shape(model.config, build_plan(model.config, 2), 0);
+  EXPECT_EQ(j["memory"]["params"].get<int64_t>(), 2 * ((shape.local_numel + 3) / 4 * 4));
+}
+
+TEST(SimulatorCli, SweepListsEveryLayoutSorted) {
+  auto r = test::run_cli(
+      "simulate --model llama2-7b --cluster 8xH100-80GB --gpus 8 --micro-batch 1 --seq-len 4096 --sweep --json "
+      "2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto results = json::parse(r.output).at("results");
+  ASSERT_EQ(results.size(), 4u * 4);  // tp 1, 2, 4, 8 x stages 0-3
+  for (size_t i = 1; i < results.size(); ++i) {
+    const auto &prev = results[i - 1], &cur = results[i];
+    EXPECT_FALSE(!prev["fits"].get<bool>() && cur["fits"].get<bool>()) << "fitting layouts come first";
+    if (prev["fits"] == cur["fits"]) {
+      EXPECT_LE(cur["tokens_per_s"].get<double>(), prev["tokens_per_s"].get<double>());
+    }
+  }
+}
+
+TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
+  const std::string file = ::testing::TempDir() + "/sim_calibration.json";
+  auto cal = test::run_cli("simulate --calibrate --nproc 2 --calibration " + file + " 2>&1");
+  ASSERT_EQ(cal.exit_code, 0) << cal.output;
+  auto c = Calibration::from_file(file);
+  EXPECT_EQ(c.world, 2);
+  EXPECT_GT(c.gemm_peak_flops, 0);
+  EXPECT_EQ(c.all_reduce.count(2), 1u);
+  EXPECT_EQ(c.all_gather.count(2), 1u);
+  // Every GEMM of a llama-tiny step at tp 1 and 2 was measured at its exact shape.
+  auto model = resolve_sim_model("preset:llama-tiny");
+  for (int tp : {1, 2}) {
+    SimLayout l = layout(2, tp, 1);
+    l.micro_batch = 2;
+    l.seq_len = 64;
+    for (int r = 0; r < tp; ++r)
+      for (const auto& [shape, count] : step_gemms(model.config, rank_shape(model.config, build_plan(model.config, tp), r), l))
+        EXPECT_EQ(c.gemm_seconds.count(shape), 1u) << shape.m << "x" << shape.k << "x" << shape.n;
+  }
+  auto r = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                         " --gpus 2 --tp 2 --zero 1 --micro-batch 2 --seq-len 64 --dtype fp32 --json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json j = json::parse(r.output);
+  EXPECT_GT(j["time"]["tp_comm_s"].get<double>(), 0);
+  EXPECT_GT(j["time"]["step_s"].get<double>(), j["time"]["compute_s"].get<double>());
+  // A file that is not a calibration is bad input.
+  io::write_text_file_atomic(file, "{\"world\": 2}");
+  auto bad = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                           " --gpus 2 --tp 1 --zero 0 --seq-len 64");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("not an autotp calibration file"), std::string::npos) << bad.output;
+}
+
+TEST(SimulatorCli, BadInputExitsWithTwo) {
+  const std::string base = "simulate --micro-batch 1 --seq-len 512 ";
+  struct Bad {
+    std::string args, message;
+  };
+  for (const Bad& b : {Bad{"--model llama-9000 --cluster 8xH100-80GB --gpus 8 --tp 1 --zero 0", "unknown model"},
+                       Bad{"--model llama2-7b --cluster tpu-v9 --gpus 8 --tp 1 --zero 0", "unknown cluster"},
+                       Bad{"--model llama2-7b --cluster 8xH100-80GB --gpus 8 --tp 3 --zero 0", "--tp 3 does not divide --gpus 8"},
+                       Bad{"--model preset:llama-tiny --cluster 8xH100-80GB --gpus 8 --tp 8 --zero 0",
+                           "larger than the model's 6 attention heads"},
+                       Bad{"--model llama2-7b --cluster 8xH100-80GB --gpus 8 --tp 1 --zero 4", "not a ZeRO stage"},
+                       Bad{"--model llama2-7b --cluster 8xH100-80GB --gpus 12 --tp 1 --zero 0", "multiple of its 8"},
+                       Bad{"--model llama2-7b --cluster cpu-local --calibration /nonexistent.json --gpus 4 --tp 1 --zero 0",
+                           "needs a calibration file"}}) {
+    auto r = test::run_cli(base + b.args);
+    EXPECT_EQ(r.exit_code, 2) << b.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(b.message), std::string::npos) << b.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace autotp::sim
