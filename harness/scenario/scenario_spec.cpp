@@ -1,8 +1,8 @@
 #include "scenario/scenario_spec.h"
 
+#include <filesystem>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -30,12 +30,12 @@ const std::vector<std::string> kCheckTypes = {"loss_agreement", "ratio", "memory
                                               "no_failed_runs", "loss_decreases"};
 
 bool is_directory(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  std::error_code error;
+  return std::filesystem::is_directory(path, error);
 }
 bool is_file(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  std::error_code error;
+  return std::filesystem::is_regular_file(path, error);
 }
 
 // A JSON object of the scenario file whose keys are checked against `allowed`.

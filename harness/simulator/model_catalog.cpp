@@ -1,7 +1,7 @@
 #include "simulator/model_catalog.h"
 
+#include <filesystem>
 #include <fmt/ranges.h>
-#include <sys/stat.h>
 
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
@@ -45,12 +45,12 @@ std::vector<CatalogModel> make_catalog() {
 }
 
 bool is_directory(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  std::error_code error;
+  return std::filesystem::is_directory(path, error);
 }
 bool is_file(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  std::error_code error;
+  return std::filesystem::is_regular_file(path, error);
 }
 
 // Attention variants that change neither parameter counts nor the FLOPs we count.
