@@ -189,9 +189,12 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
 }
 
 int64_t load_checkpoint(Trainer& trainer, const std::string& path) {
+  return load_checkpoint(trainer, io::SavedCheckpoint::open(path));
+}
+
+int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
   torch::NoGradGuard no_grad;
   auto& topo = trainer.topology();
-  auto ckpt = io::SavedCheckpoint::open(path);
   const auto& meta = ckpt.metadata();
   const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
   check_model_matches(ckpt, trainer.model());

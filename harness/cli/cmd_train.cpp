@@ -89,7 +89,7 @@ void register_train(CLI::App& app) {
                topology->world_size(), topology->dp_size(), topology->tp_size(), config.zero.stage,
                config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
     Trainer trainer(config, topology, std::move(model), data, !args->no_shuffle);
-    if (resume) load_checkpoint(trainer, resume->dir());
+    if (resume) load_checkpoint(trainer, *resume);
     const int64_t first_step = trainer.steps_done();
     if (first_step >= args->steps)
       log().warn("the checkpoint is at step {}, --steps is {}: nothing to train (--steps counts every step of the run)",

@@ -29,14 +29,6 @@ const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kCheckTypes = {"loss_agreement", "ratio", "memory_ratio", "model_states_analytic",
                                               "no_failed_runs", "loss_decreases"};
 
-bool is_directory(const std::string& path) {
-  std::error_code error;
-  return std::filesystem::is_directory(path, error);
-}
-bool is_file(const std::string& path) {
-  std::error_code error;
-  return std::filesystem::is_regular_file(path, error);
-}
 
 // A JSON object of the scenario file whose keys are checked against `allowed`.
 // Errors read "FILE: WHERE.key ...".
@@ -146,7 +138,7 @@ ModelSpec parse_model(const json& j, const std::string& key, const std::string& 
   const bool preset = m.source.rfind("preset:", 0) == 0;
   if (!preset) {
     std::string dir = resolve_path(m.source, base_dir);
-    if (!is_directory(dir))
+    if (!std::filesystem::is_directory(dir))
       top.fail("{} '{}': no such directory {} (give preset:NAME or an HF model directory relative to the scenario)",
                where, m.source, dir);
     m.source = dir;
@@ -379,7 +371,7 @@ ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, con
 
   std::string data = top.required_string("data", "a training data file relative to the scenario file, see docs/data.md");
   s.data = resolve_path(data, base_dir);
-  if (!is_file(s.data)) top.fail("data '{}': no such file {}", data, s.data);
+  if (!std::filesystem::is_regular_file(s.data)) top.fail("data '{}': no such file {}", data, s.data);
   s.steps = top.integer("steps", s.steps, 1);
   s.seq_len = top.integer("seq_len", s.seq_len, 0);
   const bool token_arrays = s.data.size() >= 5 && s.data.substr(s.data.size() - 5) == ".json";

@@ -44,14 +44,6 @@ std::vector<CatalogModel> make_catalog() {
   };
 }
 
-bool is_directory(const std::string& path) {
-  std::error_code error;
-  return std::filesystem::is_directory(path, error);
-}
-bool is_file(const std::string& path) {
-  std::error_code error;
-  return std::filesystem::is_regular_file(path, error);
-}
 
 // Attention variants that change neither parameter counts nor the FLOPs we count.
 json without_shape_neutral_keys(json j) {
@@ -69,8 +61,8 @@ const std::vector<CatalogModel>& catalog_models() {
 ResolvedModel resolve_sim_model(const std::string& arg) {
   for (const auto& m : catalog_models())
     if (m.name == arg) return {ModelConfig::from_json(m.config, m.name), m.name};
-  if (is_directory(arg) || is_file(arg)) {
-    std::string path = is_directory(arg) ? arg + "/config.json" : arg;
+  if (std::filesystem::is_directory(arg) || std::filesystem::is_regular_file(arg)) {
+    std::string path = std::filesystem::is_directory(arg) ? arg + "/config.json" : arg;
     return {ModelConfig::from_json(without_shape_neutral_keys(read_json_file(path, "config file")), path), arg};
   }
   if (arg.rfind("preset:", 0) == 0) {

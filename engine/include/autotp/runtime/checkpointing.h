@@ -35,6 +35,8 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
 // model's tensors and every file (size, CRC-32) first; UserError naming the file
 // on any problem, with nothing changed. Returns the step it resumes after.
 int64_t load_checkpoint(Trainer& trainer, const std::string& path);
+// The same from an already opened checkpoint (e.g. one checked before the rendezvous).
+int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& checkpoint);
 
 struct ExportOptions {
   std::optional<torch::ScalarType> dtype;  // default: the training dtype
