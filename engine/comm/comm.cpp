@@ -7,8 +7,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
 
 namespace autotp {
 namespace {
@@ -107,10 +109,16 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global
 // argument) becomes an error naming the op and the group, so that a rank's last
 // words say which collective in which group broke.
 template <typename Start>
-void Comm::run(const char* op, Start&& start) {
+void Comm::run(const char* op, Start&& start, bool settle) {
   try {
     c10::intrusive_ptr<c10d::Work> work = start();
     work->wait();
+    // Gloo's worker thread drops its reference to the work (and with it the
+    // tensors it holds, e.g. an uneven all-gather's padded blocks) just after
+    // waking us: waiting for that keeps the free, and so peak memory,
+    // independent of scheduling. Only where the work holds a temporary.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (settle && work.use_count() > 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
   } catch (const std::exception& error) {
     fail(op, error);
   }
@@ -204,13 +212,16 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
   std::vector<int64_t> stacked_shape = padded_shape;
   stacked_shape.insert(stacked_shape.begin(), size_);
   torch::Tensor stacked = torch::empty(stacked_shape, local.options());
-  run("all_gather", [&] {
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < size_; ++r) outputs[0].push_back(movement_view(stacked[r]));
-    std::vector<at::Tensor> inputs{movement_view(input)};
-    return group_->allgather(outputs, inputs);
-  });
   const bool even = std::all_of(extents.begin(), extents.end(), [&](int64_t e) { return e == max_extent; });
+  run(
+      "all_gather",
+      [&] {
+        std::vector<std::vector<at::Tensor>> outputs(1);
+        for (int r = 0; r < size_; ++r) outputs[0].push_back(movement_view(stacked[r]));
+        std::vector<at::Tensor> inputs{movement_view(input)};
+        return group_->allgather(outputs, inputs);
+      },
+      /*settle=*/!(dim == 0 && even));
   if (dim == 0 && even) return stacked.view(gathered_shape);
   std::vector<torch::Tensor> blocks;
   blocks.reserve(size_);

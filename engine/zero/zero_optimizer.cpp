@@ -236,7 +236,11 @@ StepOutcome ZeroOptimizer::step(double lr) {
     grads = grad_part_;
   }
   if (loss_scale_ != 1) grads.div_(loss_scale_);
-  auto sumsq = (grads.to(torch::kFloat64).pow(2) * partition(owned_mask_)).sum().reshape({1});
+  // Masking in fp32 is exact (the mask is 0 or 1); the squares are summed in fp64
+  // by BLAS (a promoted fp64 pow and product cost several times more).
+  auto owned = (grads * partition(owned_mask_)).to(torch::kFloat64);
+  auto sumsq = at::dot(owned, owned).reshape({1});
+  owned = torch::Tensor();
   topo_.world().all_reduce(sumsq);
   double norm = std::sqrt(sumsq.item<double>());
   outcome.grad_norm = norm;

@@ -220,24 +220,29 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   std::vector<double> times;
   for (size_t i = lines.size() > 1 ? 1 : 0; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
   std::sort(times.begin(), times.end());
-  const double step = times[times.size() / 2], fastest = times.front();
+  // The 10th percentile beside the median: on a shared machine the slow steps are
+  // other tenants' load (steal time), which no calibration taken at another moment sees.
+  const double step = times[times.size() / 2], fastest = times.front(), p10 = times[times.size() / 10];
   int64_t peak = 0;
   for (const auto& r : last.at("memory").at("ranks")) peak = std::max(peak, r.at("peak_allocated_bytes").get<int64_t>());
   const double step_error = result.time.step_s / step - 1, peak_error = static_cast<double>(result.memory.total) / peak - 1;
+  const double p10_error = result.time.step_s / p10 - 1;
   if (args.json) {
-    std::cout << json{{"measured", {{"step_s", step}, {"fastest_step_s", fastest}, {"peak_allocated_bytes", peak},
-                                    {"steps", lines.size()}}},
+    std::cout << json{{"measured", {{"step_s", step}, {"p10_step_s", p10}, {"fastest_step_s", fastest},
+                                    {"peak_allocated_bytes", peak}, {"steps", lines.size()}}},
                       {"simulated", result.to_json()},
                       {"step_error", step_error},
+                      {"p10_step_error", p10_error},
                       {"peak_error", peak_error}}
                      .dump(2)
               << "\n";
     return;
   }
-  std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} ms ({:.1f}) | {:.1f} ms | {:+.0f}% | {:.1f} / {:.1f} / {:.1f} ms | {} "
-                           "| {} | {:+.1f}% |\n",
-                           result.layout.tp, result.layout.dp(), result.layout.zero_stage, step * 1e3, fastest * 1e3,
-                           result.time.step_s * 1e3, 100 * step_error, result.time.compute_s * 1e3,
+  std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} / {:.1f} ms ({:.1f}) | {:.1f} ms | {:+.0f}% / {:+.0f}% | {:.1f} / "
+                           "{:.1f} / {:.1f} ms | {} | {} | {:+.1f}% |\n",
+                           result.layout.tp, result.layout.dp(), result.layout.zero_stage, step * 1e3, p10 * 1e3,
+                           fastest * 1e3, result.time.step_s * 1e3, 100 * step_error, 100 * p10_error,
+                           result.time.compute_s * 1e3,
                            result.time.tp_comm_s * 1e3, result.time.zero_comm_s * 1e3, sim::format_bytes(peak),
                            sim::format_bytes(result.memory.total), 100 * peak_error);
 }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
 #include "autotp/model/causal_lm.h"
+#include "autotp/optim/optimizer.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/json_file.h"
 #include "autotp/runtime/log.h"
@@ -117,6 +119,11 @@ LinearCost fit_linear_cost(const std::vector<double>& x, const std::vector<doubl
   return c;
 }
 
+double Calibration::slowdown(int ranks) const {
+  if (world <= 1 || ranks <= 1) return 1;
+  return 1 + (concurrency_slowdown - 1) * (ranks - 1) / (world - 1);
+}
+
 std::string default_calibration_path() {
   const char* env = std::getenv("AUTOTP_CALIBRATION");
   return env && *env ? env : "reports/calibration/cpu-local.json";
@@ -142,9 +149,11 @@ json Calibration::to_json() const {
           {"gemm_fit", cost_json(gemm_fit)},
           {"gemm_peak_flops", gemm_peak_flops},
           {"layer_overhead_s", layer_overhead_s},
+          {"concurrency_slowdown", concurrency_slowdown},
           {"elementwise", {{"forward", cost_json(elementwise_forward)},
                            {"forward_grad", cost_json(elementwise_forward_grad)},
                            {"forward_backward", cost_json(elementwise_forward_backward)}}},
+          {"optimizer_step", cost_json(optimizer_step)},
           {"all_reduce", reduce},
           {"all_gather", gather}};
 }
@@ -170,6 +179,7 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
     }
     c.gemm_peak_flops = j.at("gemm_peak_flops").get<double>();
     c.layer_overhead_s = j.value("layer_overhead_s", 0.0);
+    c.concurrency_slowdown = j.value("concurrency_slowdown", 1.0);
   } catch (const json::exception& e) {
     throw_user_error("{}: malformed calibration ({})", source, e.what());
   }
@@ -179,9 +189,12 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
   c.elementwise_forward_grad = cost_from(e.value("forward_grad", json()), "elementwise.forward_grad", source);
   c.elementwise_forward_backward =
       cost_from(e.value("forward_backward", json()), "elementwise.forward_backward", source);
+  if (j.contains("optimizer_step")) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
   c.all_reduce = costs_from(j.value("all_reduce", json::object()), "all_reduce", source);
   c.all_gather = costs_from(j.value("all_gather", json::object()), "all_gather", source);
   AUTOTP_USER_CHECK(c.world >= 1 && c.gemm_peak_flops > 0, "{}: world and gemm_peak_flops must be positive", source);
+  AUTOTP_USER_CHECK(c.concurrency_slowdown >= 1, "{}: concurrency_slowdown must be >= 1 (got {})", source,
+                    c.concurrency_slowdown);
   return c;
 }
 
@@ -218,6 +231,14 @@ Calibration run_calibration(const CalibrationOptions& options) {
     t.div_(env.world_size);
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   };
+  // Compute costs are rank 0's, measured while the other ranks wait in this broadcast.
+  const bool measures = env.rank == 0;
+  auto from_rank0 = [&](std::vector<double> seconds) {
+    if (!world) return seconds;
+    auto t = torch::tensor(seconds, torch::kFloat64);
+    world->world().broadcast(t, 0);
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
 
   // GEMMs at the step shapes of the model at every tp that fits the world.
   auto model = resolve_sim_model(options.model);
@@ -239,12 +260,15 @@ Calibration run_calibration(const CalibrationOptions& options) {
   std::vector<GemmShape> list(shapes.begin(), shapes.end());
   std::vector<double> gemm_times;
   for (const auto& s : list) {
+    if (!measures) {
+      gemm_times.push_back(0);
+      continue;
+    }
     auto a = s.batch > 1 ? torch::randn({s.batch, s.m, s.k}) : torch::randn({s.m, s.k});
     auto b = s.batch > 1 ? torch::randn({s.batch, s.k, s.n}) : torch::randn({s.k, s.n});
-    barrier();
     gemm_times.push_back(time_call([&] { torch::matmul(a, b); }, options.seconds_per_point));
   }
-  gemm_times = average(gemm_times);
+  gemm_times = from_rank0(gemm_times);
   std::vector<double> flops;
   for (size_t i = 0; i < list.size(); ++i) {
     cal.gemm_seconds[list[i]] = gemm_times[i];
@@ -257,10 +281,14 @@ Calibration run_calibration(const CalibrationOptions& options) {
   const std::vector<int64_t> sizes = {256, 4096, 65536, 1 << 20};
   std::vector<double> bytes, fwd, fwd_grad, fb;
   for (int64_t n : sizes) {
+    bytes.push_back(3.0 * n * 4);
+    if (!measures) {
+      fwd.push_back(0), fwd_grad.push_back(0), fb.push_back(0);
+      continue;
+    }
     auto x = torch::randn({n}), w = torch::randn({n});
     auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
     auto g = torch::ones({n});
-    barrier();
     fwd.push_back(time_call([&] { torch::mul(x, w); }, options.seconds_per_point));
     torch::AutoGradMode on(true);
     fwd_grad.push_back(time_call([&] { torch::mul(xg, wg); }, options.seconds_per_point));
@@ -271,29 +299,68 @@ Calibration run_calibration(const CalibrationOptions& options) {
           torch::mul(xg, wg).backward(g);
         },
         options.seconds_per_point));
-    bytes.push_back(3.0 * n * 4);
   }
-  fwd = average(fwd);
-  fwd_grad = average(fwd_grad);
-  fb = average(fb);
+  fwd = from_rank0(fwd);
+  fwd_grad = from_rank0(fwd_grad);
+  fb = from_rank0(fb);
   cal.elementwise_forward = fit_linear_cost(bytes, fwd);
   cal.elementwise_forward_grad = fit_linear_cost(bytes, fwd_grad);
   cal.elementwise_forward_backward = fit_linear_cost(bytes, fb);
 
-  // Framework overhead per layer: the model's real forward + backward on one rank
-  // (tp 1, no communication) against the costs measured above.
+  // The optimizer step on partitions up to the model's size, as ZeroOptimizer::step runs it.
+  {
+    const int64_t total = std::max<int64_t>(4096, static_cast<int64_t>(model_flops_per_token(model.config, 1) / 6));
+    std::vector<double> elements, seconds;
+    for (int64_t n : {total / 8, total / 4, total / 2, total}) {
+      elements.push_back(static_cast<double>(n));
+      if (!measures) {
+        seconds.push_back(0);
+        continue;
+      }
+      OptimizerConfig adamw;
+      adamw.weight_decay = 0.01;
+      FlatOptimizer optimizer(adamw, n);
+      auto params = torch::randn({n}), grads = torch::randn({n}), mask = torch::ones({n});
+      seconds.push_back(time_call(
+          [&] {
+            auto owned = (grads * mask).to(torch::kFloat64);
+            const double norm = std::sqrt(at::dot(owned, owned).item<double>());
+            owned = torch::Tensor();
+            grads.mul_(std::min(1.0, 1.0 / (norm + 1e-6)));
+            optimizer.step(params, grads, 1e-3);
+          },
+          options.seconds_per_point));
+    }
+    seconds = from_rank0(seconds);
+    cal.optimizer_step = fit_linear_cost(elements, seconds);
+  }
+
+  // Framework overhead per layer: the model's real forward + backward on rank 0
+  // (tp 1, no communication) against the costs measured above; then the same with
+  // every rank at once, a fixed number of calls each, for the concurrency slowdown.
   {
     Comm self;
     CausalLM lm(model.config, build_plan(model.config, 1), self, torch::kFloat32);
     lm.init_random(1);
     auto ids = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
     torch::AutoGradMode on(true);
-    barrier();
-    std::vector<double> measured = {time_call([&] { lm.token_losses(ids, ids).sum().backward(); },
-                                              std::max(0.5, 10 * options.seconds_per_point))};
-    measured = average(measured);
+    auto step = [&] { lm.token_losses(ids, ids).sum().backward(); };
+    const double window = std::max(0.5, 10 * options.seconds_per_point);
+    std::vector<double> measured = {measures ? time_call(step, window) : 0.0};
+    measured = from_rank0(measured);
+    if (world) {
+      const int calls = static_cast<int>(std::clamp(window / 3 / measured[0], 3.0, 1000.0));
+      double best = 1e30;
+      for (int round = 0; round < 3; ++round) {
+        barrier();
+        auto start = Clock::now();
+        for (int i = 0; i < calls; ++i) step();
+        best = std::min(best, average({std::chrono::duration<double>(Clock::now() - start).count() / calls})[0]);
+      }
+      cal.concurrency_slowdown = std::max(1.0, best / measured[0]);
+    }
     SimLayout layout;
-    layout.gpus = env.world_size;
+    layout.gpus = 1;  // rank 0 alone: no slowdown
     layout.micro_batch = options.micro_batch;
     layout.seq_len = options.seq_len;
     layout.dtype = torch::kFloat32;

@@ -1,13 +1,17 @@
 // Calibration of the `cpu-local` cluster: what this machine measured for the
-// operations a training step is made of, with the thread count and the number
-// of concurrent ranks of a real run (every rank measures at the same time, so
-// the contention of N ranks on the shared cores is in the numbers):
+// operations a training step is made of, with the thread count of a real run.
+// Compute costs are one rank's (rank 0 measures while the others wait), and the
+// contention of N ranks on the shared cores is one measured factor:
 //   - GEMM seconds at the exact shapes of a step ([m, k] x [k, n], batched for
 //     attention) of a given model, micro-batch and sequence length, at every tp
 //   - elementwise ops: seconds = latency + bytes / bandwidth, forward without
 //     autograd, forward with autograd, and forward + backward
-//   - the framework overhead per decoder layer: one rank's real forward +
-//     backward of the model at tp 1 minus what the costs above predict
+//   - the framework overhead per decoder layer: the real forward + backward of
+//     the model at tp 1 minus what the costs above predict
+//   - the optimizer pass on n partition elements: the masked fp64 gradient norm,
+//     clipping and an AdamW update, seconds = latency + n / elements_per_s
+//   - the concurrency slowdown: that forward + backward with every rank running
+//     it at once, over rank 0 alone
 //   - collectives over `Comm` (Gloo) for each group size that divides the world,
 //     with world / size groups running at once as in training:
 //     seconds = latency + bytes / bytes_per_s, from a least-squares fit
@@ -52,14 +56,22 @@ struct Calibration {
   LinearCost elementwise_forward;            // no autograd
   LinearCost elementwise_forward_grad;       // forward while autograd records
   LinearCost elementwise_forward_backward;   // forward and backward of one op
+  LinearCost optimizer_step;                 // norm + clip + AdamW; amount = partition elements
   // Seconds per decoder layer per micro-batch (forward + backward) that one rank's
   // real forward + backward of `model` at tp 1 took beyond what the GEMM and
   // elementwise costs predict: dispatcher, autograd and allocator overhead of the
   // layer's ops (the tiny models are bound by it, not by FLOPs or bytes).
   double layer_overhead_s = 0;
+  // The model's forward + backward with all `world` ranks at once over rank 0 alone
+  // (>= 1): on a machine with fewer cores than ranks x threads they share the cores.
+  double concurrency_slowdown = 1;
   std::map<int, LinearCost> all_reduce;      // by group size
   std::map<int, LinearCost> all_gather;      // by group size; amount = gathered bytes
   int64_t memory_bytes = 0;                  // MemTotal of the machine
+
+  // Compute slowdown with `ranks` ranks at once: 1 for one rank, the measured
+  // factor for `world`, linear in the number of ranks between and beyond.
+  double slowdown(int ranks) const;
 
   nlohmann::json to_json() const;
   static Calibration from_json(const nlohmann::json& j, const std::string& source);

@@ -5,6 +5,7 @@ namespace {
 
 struct ActivationParts {
   int64_t per_layer = 0;       // saved by one decoder layer without recomputation
+  int64_t recomputed = 0;      // what a layer holds while it is recomputed in the backward
   int64_t layer_input = 0;     // what a recomputed layer keeps (its input)
   int64_t outer = 0;           // embedding indices, rotary tables, final norm
   int64_t layer_backward = 0;  // transients while one layer runs its backward
@@ -27,14 +28,19 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     p.per_layer = 2 * norm + a * BT * heads * D * (3 /*qkv kept by the q view*/ + 2 /*k, v gathered*/ +
                                                     1 /*attention output*/) +
                   probs + mask + 5 * a * BT * I /*c_fc output, gelu_new's 3 saved terms, its output*/;
+    p.recomputed = p.per_layer;
     p.outer = BT * 8 + T * 8 + (2 * a * BTH + 8 * BT);  // token ids, positions, ln_f
   } else {
     // RMSNorm in fp32: the fp32 input (the layer input itself in fp32), rsqrt, the
     // normalized value, and the scaled output the next linears read.
+    // Measured on the engine (memory counter around each sub-block): each norm keeps
+    // two more fp32 values of the hidden size than these, in fp32 and bf16 alike.
     const int64_t norm = 4 * BTH + 4 * BT + 2 * a * BTH;
-    p.per_layer = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
-                  probs + mask + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
-    p.outer = BT * 8 + 2 * a * T * D + norm;  // token ids, rotary cos / sin, final norm
+    p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
+                   probs + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
+    p.per_layer = p.recomputed + 2 * 4 * BTH;
+    // Token ids, rotary cos / sin, final norm, the additive causal bias (cached, one for all layers).
+    p.outer = BT * 8 + 2 * a * T * D + norm + a * T * T;
   }
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
   p.layer_input = a * BTH;
@@ -88,7 +94,7 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   int64_t kept, layer_peak;
   if (layout.recompute()) {
     kept = p.layer_input * L + p.outer;
-    layer_peak = kept + p.per_layer + p.layer_backward;  // one layer recomputed in the backward
+    layer_peak = kept + p.recomputed + p.layer_backward;  // one layer recomputed in the backward
   } else {
     kept = p.per_layer * L + p.outer;
     layer_peak = kept + p.layer_backward;
@@ -100,16 +106,18 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   int64_t transient_grads = 0;
   if (stage >= 2) transient_grads = a * P + (mixed ? 4 * P : 0);  // full buffers rebuilt each step
   int64_t gathered = 0;
-  if (stage == 3) gathered = a * (shape.outer_numel + shape.max_layer_numel());  // outer + the running layer
+  // Stage 3 gathers the outer parameters and the running layer; over one dp rank the
+  // engine hands out views of its partition instead (no copy).
+  if (stage == 3 && dp > 1) gathered = a * (shape.outer_numel + shape.max_layer_numel());
   // The optimizer's fp32 ownership mask for the global norm (one element per flat-buffer element).
   m.norm_mask = 4 * P;
   m.forward_backward_peak = m.states.total() + m.norm_mask + transient_grads + gathered + m.activations;
 
   // Optimizer phase: the grad-norm temporaries (fp64 square, masked) or the
   // stage 1-2 all-gather of the updated partitions (per-rank blocks + their concatenation).
-  const int64_t outer = stage == 3 ? a * shape.outer_numel : 0;
-  // fp64 copy, its square, the mask cast to fp64 and the masked product: 4 x 8 bytes per element.
-  const int64_t norm_temporaries = 4 * 8 * part;
+  const int64_t outer = stage == 3 && dp > 1 ? a * shape.outer_numel : 0;
+  // The masked fp32 gradients and their fp64 copy: 4 + 8 bytes per element.
+  const int64_t norm_temporaries = (4 + 8) * part;
   const int64_t adam_temporaries = 2 * 4 * part;
   const int64_t all_gather = (stage == 1 || stage == 2) && dp > 1 ? 2 * a * P : 0;
   const int64_t base = m.states.total() + m.norm_mask + transient_grads + outer + data;

@@ -190,12 +190,21 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
   // Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
   const int64_t P = (s.local_numel + dp - 1) / dp * dp;
   const double part = static_cast<double>(stage == 0 ? P : P / dp);
+  const double update = c.calibration && c.calibration->optimizer_step.rate > 1
+                            ? c.calibration->optimizer_step.seconds(part)  // measured on this machine
+                            : e.fwd(part, 3)     // norm: mask, to fp64, dot
+                                  + e.fwd(part, 10);  // clip + AdamW (decay, two moments, sqrt, div, add, update)
   t.optimizer_s = e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
-                  + e.fwd(part * 2, 4)                  // norm: to fp64, square, mask, sum
-                  + e.fwd(part, 10)                     // clip + AdamW (decay, two moments, sqrt, div, add, update)
+                  + update
                   + (sixteen ? e.fwd(part, 1) : 0)      // master weights back to 16 bits
                   + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
                   + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
+  if (c.calibration) {  // cpu-local: the ranks share the machine's cores
+    const double slowdown = c.calibration->slowdown(l.gpus);
+    t.gemm_s *= slowdown;
+    t.elementwise_s *= slowdown;
+    t.optimizer_s *= slowdown;
+  }
   t.compute_s = t.gemm_s + t.elementwise_s + t.optimizer_s;
 
   // Tensor-parallel communication (per micro-batch), activation bytes per collective.

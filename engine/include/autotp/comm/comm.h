@@ -69,8 +69,9 @@ class Comm {
 
  private:
   // Starts one c10d op and waits; failures rethrown naming the op and the group.
+  // `settle`: also wait until Gloo's worker has dropped the work (and the tensors it holds).
   template <typename Start>
-  void run(const char* op, Start&& start);
+  void run(const char* op, Start&& start, bool settle = false);
   [[noreturn]] void fail(const char* op, const std::exception& error) const;
   void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
 
