@@ -227,6 +227,7 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
   EXPECT_GE(c.concurrency_slowdown, 1.0);
   EXPECT_GT(c.optimizer_step.rate, 1.0);
   EXPECT_GE(c.layer_overhead_s, 0.0);
+  EXPECT_EQ(c.layer_overhead_by_tp.count(2), 1u);  // llama-tiny's real step at tp 2 over both ranks
   EXPECT_DOUBLE_EQ(c.slowdown(1), 1.0);
   EXPECT_DOUBLE_EQ(c.slowdown(2), c.concurrency_slowdown);
   // Every GEMM of a llama-tiny step at tp 1 and 2 was measured at its exact shape.

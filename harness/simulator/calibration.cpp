@@ -134,8 +134,9 @@ json Calibration::to_json() const {
   for (const auto& [s, seconds] : gemm_seconds)
     gemm.push_back({{"m", s.m}, {"k", s.k}, {"n", s.n}, {"batch", s.batch}, {"seconds", seconds},
                     {"flops_per_s", s.flops() / seconds}});
-  json reduce = json::object(), gather = json::object();
+  json reduce = json::object(), gather = json::object(), overhead = json::object();
   for (const auto& [n, c] : all_reduce) reduce[std::to_string(n)] = cost_json(c);
+  for (const auto& [n, s] : layer_overhead_by_tp) overhead[std::to_string(n)] = s;
   for (const auto& [n, c] : all_gather) gather[std::to_string(n)] = cost_json(c);
   return {{"format", "autotp-calibration-1"},
           {"world", world},
@@ -149,6 +150,7 @@ json Calibration::to_json() const {
           {"gemm_fit", cost_json(gemm_fit)},
           {"gemm_peak_flops", gemm_peak_flops},
           {"layer_overhead_s", layer_overhead_s},
+          {"layer_overhead_by_tp_s", overhead},
           {"concurrency_slowdown", concurrency_slowdown},
           {"elementwise", {{"forward", cost_json(elementwise_forward)},
                            {"forward_grad", cost_json(elementwise_forward_grad)},
@@ -189,6 +191,13 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
   c.elementwise_forward_grad = cost_from(e.value("forward_grad", json()), "elementwise.forward_grad", source);
   c.elementwise_forward_backward =
       cost_from(e.value("forward_backward", json()), "elementwise.forward_backward", source);
+  if (j.contains("layer_overhead_by_tp_s") && j["layer_overhead_by_tp_s"].is_object()) {
+    for (const auto& [key, value] : j["layer_overhead_by_tp_s"].items()) {
+      AUTOTP_USER_CHECK(value.is_number() && value.get<double>() >= 0,
+                        "{}: 'layer_overhead_by_tp_s.{}' must be seconds >= 0", source, key);
+      c.layer_overhead_by_tp[std::stoi(key)] = value.get<double>();
+    }
+  }
   if (j.contains("optimizer_step")) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
   c.all_reduce = costs_from(j.value("all_reduce", json::object()), "all_reduce", source);
   c.all_gather = costs_from(j.value("all_gather", json::object()), "all_gather", source);
@@ -335,6 +344,8 @@ Calibration run_calibration(const CalibrationOptions& options) {
     cal.optimizer_step = fit_linear_cost(elements, seconds);
   }
 
+  double alone_step_s = 0;  // the model's forward + backward at tp 1, rank 0 alone
+  const double window = std::max(0.5, 10 * options.seconds_per_point);
   // Framework overhead per layer: the model's real forward + backward on rank 0
   // (tp 1, no communication) against the costs measured above; then the same with
   // every rank at once, a fixed number of calls each, for the concurrency slowdown.
@@ -345,9 +356,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
     auto ids = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
     torch::AutoGradMode on(true);
     auto step = [&] { lm.token_losses(ids, ids).sum().backward(); };
-    const double window = std::max(0.5, 10 * options.seconds_per_point);
     std::vector<double> measured = {measures ? time_call(step, window) : 0.0};
     measured = from_rank0(measured);
+    alone_step_s = measured[0];
     if (world) {
       const int calls = static_cast<int>(std::clamp(window / 3 / measured[0], 3.0, 1000.0));
       double best = 1e30;
@@ -394,6 +405,44 @@ Calibration run_calibration(const CalibrationOptions& options) {
       gather = average(gather);
       cal.all_reduce[g] = fit_linear_cost(x, reduce);
       cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
+
+      // The model's forward + backward at tp g, every tp group at once: what a layer
+      // costs at this tp beyond the GEMM, elementwise and lock-step collective costs
+      // (the tp autograd functions, waiting for the partner at each collective).
+      if (g <= model.config.num_heads) {
+        const TpPlan plan = build_plan(model.config, g);
+        CausalLM lm(model.config, plan, topo->tp(), torch::kFloat32);
+        lm.init_random(1);
+        auto gen = at::detail::createCPUGenerator(1);
+        auto ids =
+            torch::randint(model.config.vocab_size, {options.micro_batch, options.seq_len}, gen, torch::kLong);
+        torch::AutoGradMode on(true);
+        const int calls = static_cast<int>(std::clamp(window / 3 / alone_step_s, 3.0, 1000.0));
+        double best = 1e30;
+        for (int round = 0; round < 3; ++round) {
+          barrier();
+          auto start = Clock::now();
+          for (int i = 0; i < calls; ++i) lm.token_losses(ids, ids).sum().backward();
+          best = std::min(best, average({std::chrono::duration<double>(Clock::now() - start).count() / calls})[0]);
+        }
+        Calibration without = cal;
+        without.layer_overhead_s = 0;
+        without.layer_overhead_by_tp.clear();
+        auto cluster = cpu_local_cluster(without, "calibration");
+        SimLayout layout;
+        layout.gpus = env.world_size;
+        layout.tp = g;
+        layout.micro_batch = options.micro_batch;
+        layout.seq_len = options.seq_len;
+        layout.dtype = torch::kFloat32;
+        double predicted = 0;  // the slowest tp rank, as the simulator takes it
+        for (int r = 0; r < g; ++r) {
+          auto t = estimate_time(model.config, rank_shape(model.config, plan, r), layout, cluster);
+          predicted = std::max(predicted, t.gemm_s + t.elementwise_s + t.tp_comm_s);
+        }
+        cal.layer_overhead_by_tp[g] =
+            std::max(0.0, (best - predicted) / cal.slowdown(env.world_size) / model.config.num_layers);
+      }
     }
     barrier();
   }

@@ -10,6 +10,8 @@
 //     the model at tp 1 minus what the costs above predict
 //   - the optimizer pass on n partition elements: the masked fp64 gradient norm,
 //     clipping and an AdamW update, seconds = latency + n / elements_per_s
+//   - the same overhead at each tp size that fits the world, from the model's real
+//     forward + backward with all tp groups running at once
 //   - the concurrency slowdown: that forward + backward with every rank running
 //     it at once, over rank 0 alone
 //   - collectives over `Comm` (Gloo) for each group size that divides the world,
@@ -62,6 +64,10 @@ struct Calibration {
   // elementwise costs predict: dispatcher, autograd and allocator overhead of the
   // layer's ops (the tiny models are bound by it, not by FLOPs or bytes).
   double layer_overhead_s = 0;
+  // The same at tp sizes > 1 (by tp): the model's forward + backward with every tp
+  // group at once, beyond the GEMM, elementwise and lock-step collective costs,
+  // over the concurrency slowdown. Used in place of layer_overhead_s at that tp.
+  std::map<int, double> layer_overhead_by_tp;
   // The model's forward + backward with all `world` ranks at once over rank 0 alone
   // (>= 1): on a machine with fewer cores than ranks x threads they share the cores.
   double concurrency_slowdown = 1;

@@ -184,7 +184,12 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
   micro += e.fwd(static_cast<double>(s.local_numel), 1) + s.tensors * e.forward.latency_s;  // grad accumulation
   if (sixteen) micro += e.fwd(static_cast<double>(s.local_numel), 2);  // fp32 accumulator add + zero
   // Measured dispatch / autograd overhead of each layer's ops (cpu-local), a third more when recomputed.
-  if (c.calibration) micro += L * c.calibration->layer_overhead_s * (l.recompute() ? 4.0 / 3 : 1.0);
+  if (c.calibration) {
+    auto at_tp = c.calibration->layer_overhead_by_tp.find(l.tp);
+    const double overhead =
+        at_tp != c.calibration->layer_overhead_by_tp.end() ? at_tp->second : c.calibration->layer_overhead_s;
+    micro += L * overhead * (l.recompute() ? 4.0 / 3 : 1.0);
+  }
   t.elementwise_s = gas * micro;
 
   // Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
