@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
 #include "autotp/model/causal_lm.h"
+#include "autotp/model/presets.h"
 #include "autotp/optim/optimizer.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/json_file.h"
@@ -155,7 +157,7 @@ json Calibration::to_json() const {
           {"elementwise", {{"forward", cost_json(elementwise_forward)},
                            {"forward_grad", cost_json(elementwise_forward_grad)},
                            {"forward_backward", cost_json(elementwise_forward_backward)}}},
-          {"optimizer_step", cost_json(optimizer_step)},
+          {"optimizer_step", optimizer_step ? cost_json(*optimizer_step) : json()},
           {"all_reduce", reduce},
           {"all_gather", gather}};
 }
@@ -198,7 +200,7 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
       c.layer_overhead_by_tp[std::stoi(key)] = value.get<double>();
     }
   }
-  if (j.contains("optimizer_step")) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
+  if (j.contains("optimizer_step") && !j["optimizer_step"].is_null()) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
   c.all_reduce = costs_from(j.value("all_reduce", json::object()), "all_reduce", source);
   c.all_gather = costs_from(j.value("all_gather", json::object()), "all_gather", source);
   AUTOTP_USER_CHECK(c.world >= 1 && c.gemm_peak_flops > 0, "{}: world and gemm_peak_flops must be positive", source);
@@ -232,13 +234,15 @@ Calibration run_calibration(const CalibrationOptions& options) {
   auto barrier = [&] {
     if (world) world->world().barrier();
   };
+  auto to_vector = [](const torch::Tensor& t) {
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
   // Every rank's seconds averaged over the world (the ranks ran at the same time).
   auto average = [&](std::vector<double> seconds) {
     if (!world) return seconds;
     auto t = torch::tensor(seconds, torch::kFloat64);
     world->world().all_reduce(t);
-    t.div_(env.world_size);
-    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    return to_vector(t.div_(env.world_size));
   };
   // Compute costs are rank 0's, measured while the other ranks wait in this broadcast.
   const bool measures = env.rank == 0;
@@ -246,7 +250,19 @@ Calibration run_calibration(const CalibrationOptions& options) {
     if (!world) return seconds;
     auto t = torch::tensor(seconds, torch::kFloat64);
     world->world().broadcast(t, 0);
-    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    return to_vector(t);
+  };
+  // Seconds per call of `fn` with every rank calling it at once, the same number of
+  // times (it may hold collectives): the best of 3 rounds of the world's average.
+  auto concurrent_seconds = [&](const std::function<void()>& fn, int calls) {
+    double best = 1e30;
+    for (int round = 0; round < 3; ++round) {
+      barrier();
+      auto start = Clock::now();
+      for (int i = 0; i < calls; ++i) fn();
+      best = std::min(best, average({std::chrono::duration<double>(Clock::now() - start).count() / calls})[0]);
+    }
+    return best;
   };
 
   // GEMMs at the step shapes of the model at every tp that fits the world.
@@ -318,7 +334,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
 
   // The optimizer step on partitions up to the model's size, as ZeroOptimizer::step runs it.
   {
-    const int64_t total = std::max<int64_t>(4096, static_cast<int64_t>(model_flops_per_token(model.config, 1) / 6));
+    const int64_t total = std::max<int64_t>(4096, count_parameters(model.config));
     std::vector<double> elements, seconds;
     for (int64_t n : {total / 8, total / 4, total / 2, total}) {
       elements.push_back(static_cast<double>(n));
@@ -345,6 +361,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   }
 
   double alone_step_s = 0;  // the model's forward + backward at tp 1, rank 0 alone
+  int concurrent_calls = 3;  // calls per round when every rank runs that step (about window / 3)
   const double window = std::max(0.5, 10 * options.seconds_per_point);
   // Framework overhead per layer: the model's real forward + backward on rank 0
   // (tp 1, no communication) against the costs measured above; then the same with
@@ -359,17 +376,8 @@ Calibration run_calibration(const CalibrationOptions& options) {
     std::vector<double> measured = {measures ? time_call(step, window) : 0.0};
     measured = from_rank0(measured);
     alone_step_s = measured[0];
-    if (world) {
-      const int calls = static_cast<int>(std::clamp(window / 3 / measured[0], 3.0, 1000.0));
-      double best = 1e30;
-      for (int round = 0; round < 3; ++round) {
-        barrier();
-        auto start = Clock::now();
-        for (int i = 0; i < calls; ++i) step();
-        best = std::min(best, average({std::chrono::duration<double>(Clock::now() - start).count() / calls})[0]);
-      }
-      cal.concurrency_slowdown = std::max(1.0, best / measured[0]);
-    }
+    concurrent_calls = static_cast<int>(std::clamp(window / 3 / alone_step_s, 3.0, 1000.0));
+    if (world) cal.concurrency_slowdown = std::max(1.0, concurrent_seconds(step, concurrent_calls) / alone_step_s);
     SimLayout layout;
     layout.gpus = 1;  // rank 0 alone: no slowdown
     layout.micro_batch = options.micro_batch;
@@ -417,14 +425,8 @@ Calibration run_calibration(const CalibrationOptions& options) {
         auto ids =
             torch::randint(model.config.vocab_size, {options.micro_batch, options.seq_len}, gen, torch::kLong);
         torch::AutoGradMode on(true);
-        const int calls = static_cast<int>(std::clamp(window / 3 / alone_step_s, 3.0, 1000.0));
-        double best = 1e30;
-        for (int round = 0; round < 3; ++round) {
-          barrier();
-          auto start = Clock::now();
-          for (int i = 0; i < calls; ++i) lm.token_losses(ids, ids).sum().backward();
-          best = std::min(best, average({std::chrono::duration<double>(Clock::now() - start).count() / calls})[0]);
-        }
+        const double best =
+            concurrent_seconds([&] { lm.token_losses(ids, ids).sum().backward(); }, concurrent_calls);
         Calibration without = cal;
         without.layer_overhead_s = 0;
         without.layer_overhead_by_tp.clear();
@@ -435,7 +437,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
         layout.micro_batch = options.micro_batch;
         layout.seq_len = options.seq_len;
         layout.dtype = torch::kFloat32;
-        double predicted = 0;  // the slowest tp rank, as the simulator takes it
+        // The slowest tp rank, as the simulator takes it (its tp_comm_s also holds the
+        // per-step hash check and shared-slice reductions, a few small all-reduces).
+        double predicted = 0;
         for (int r = 0; r < g; ++r) {
           auto t = estimate_time(model.config, rank_shape(model.config, plan, r), layout, cluster);
           predicted = std::max(predicted, t.gemm_s + t.elementwise_s + t.tp_comm_s);

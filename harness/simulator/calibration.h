@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <optional>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -58,7 +59,7 @@ struct Calibration {
   LinearCost elementwise_forward;            // no autograd
   LinearCost elementwise_forward_grad;       // forward while autograd records
   LinearCost elementwise_forward_backward;   // forward and backward of one op
-  LinearCost optimizer_step;                 // norm + clip + AdamW; amount = partition elements
+  std::optional<LinearCost> optimizer_step;  // norm + clip + AdamW; amount = partition elements (absent in older files)
   // Seconds per decoder layer per micro-batch (forward + backward) that one rank's
   // real forward + backward of `model` at tp 1 took beyond what the GEMM and
   // elementwise costs predict: dispatcher, autograd and allocator overhead of the

@@ -195,8 +195,8 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
   // Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
   const int64_t P = (s.local_numel + dp - 1) / dp * dp;
   const double part = static_cast<double>(stage == 0 ? P : P / dp);
-  const double update = c.calibration && c.calibration->optimizer_step.rate > 1
-                            ? c.calibration->optimizer_step.seconds(part)  // measured on this machine
+  const double update = c.calibration && c.calibration->optimizer_step
+                            ? c.calibration->optimizer_step->seconds(part)  // measured on this machine
                             : e.fwd(part, 3)     // norm: mask, to fp64, dot
                                   + e.fwd(part, 10);  // clip + AdamW (decay, two moments, sqrt, div, add, update)
   t.optimizer_s = e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
