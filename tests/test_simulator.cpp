@@ -9,6 +9,7 @@
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
+#include "autotp/runtime/host_cpu.h"
 #include "simulator/simulator.h"
 #include "support/cli_runner.h"
 
@@ -268,8 +269,11 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
     // The first (9 s) is left out; of the 11 others (sorted 20, 25, 30, ..., 70 ms) the
     // median is the 6th and the 10th percentile the 2nd.
     const double steps[] = {9.0, 0.050, 0.030, 0.040, 0.020, 0.060, 0.025, 0.070, 0.035, 0.045, 0.055, 0.065};
+    // Host CPU: steps after the first ran 0.3 s busy with 0.1 s stolen (a quarter);
+    // the first, left out, would say otherwise.
     for (double t : steps)
       text += json{{"step_time_s", t},
+                   {"host_cpu", {{"busy_s", 0.3}, {"steal_s", t > 1 ? 5.0 : 0.1}}},
                    {"layout", {{"world", 2}, {"tp", 2}, {"zero_stage", 1}, {"dtype", "float32"}}},
                    {"memory", {{"ranks", json::array({{{"peak_allocated_bytes", 1000}}, {{"peak_allocated_bytes", 3000}}})}}}}
                   .dump() +
@@ -286,6 +290,17 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
     const double sim = jm["simulated"]["time"]["step_s"].get<double>();
     EXPECT_NEAR(jm["step_error"].get<double>(), sim / 0.045 - 1, 1e-12);
     EXPECT_NEAR(jm["p10_step_error"].get<double>(), sim / 0.025 - 1, 1e-12);
+    // Simulated at the run's steal: every time / (1 - 0.25), against --host-steal 0.
+    EXPECT_NEAR(jm["measured"]["host_steal_fraction"].get<double>(), 0.25, 1e-12);
+    auto unstolen = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                                  " --micro-batch 2 --seq-len 64 --host-steal 0 --measured " + metrics +
+                                  " --json 2>/dev/null");
+    ASSERT_EQ(unstolen.exit_code, 0) << unstolen.output;
+    const json ju = json::parse(unstolen.output);
+    EXPECT_DOUBLE_EQ(ju["measured"]["host_steal_fraction"].get<double>(), 0.0);
+    EXPECT_NEAR(sim, ju["simulated"]["time"]["step_s"].get<double>() / 0.75, 1e-12 * sim);
+    EXPECT_NEAR(jm["simulated"]["time"]["zero_comm_s"].get<double>(),
+                ju["simulated"]["time"]["zero_comm_s"].get<double>() / 0.75, 1e-12 * sim);
   }
   // A file that is not a calibration is bad input.
   io::write_text_file_atomic(file, "{\"world\": 2}");
@@ -293,6 +308,15 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
                            " --gpus 2 --tp 1 --zero 0 --seq-len 64");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("not an autotp calibration file"), std::string::npos) << bad.output;
+}
+
+TEST(HostCpu, StealFractionIsStolenOverWanted) {
+  EXPECT_DOUBLE_EQ(steal_fraction({10, 2}, {13, 3}), 0.25);  // 3 s ran, 1 s taken
+  EXPECT_DOUBLE_EQ(steal_fraction({10, 2}, {10, 2}), 0.0);   // nothing ran
+  EXPECT_DOUBLE_EQ(steal_fraction({10, 2}, {14, 2}), 0.0);   // nothing taken
+  const HostCpuTimes now = host_cpu_times();  // this test runs on Linux
+  EXPECT_GT(now.busy_s, 0);
+  EXPECT_GE(now.steal_s, 0);
 }
 
 TEST(SimulatorCli, BadInputExitsWithTwo) {
@@ -307,6 +331,8 @@ TEST(SimulatorCli, BadInputExitsWithTwo) {
                            "larger than the model's 6 attention heads"},
                        Bad{"--model llama2-7b --cluster 8xH100-80GB --gpus 8 --tp 1 --zero 4", "not a ZeRO stage"},
                        Bad{"--model llama2-7b --cluster 8xH100-80GB --gpus 12 --tp 1 --zero 0", "multiple of its 8"},
+                       Bad{"--model llama2-7b --cluster 8xH100-80GB --gpus 8 --tp 1 --zero 0 --host-steal 0.2",
+                           "--host-steal applies to cpu-local only"},
                        Bad{"--model llama2-7b --cluster cpu-local --calibration /nonexistent.json --gpus 4 --tp 1 --zero 0",
                            "needs a calibration file"}}) {
     auto r = test::run_cli(base + b.args);

@@ -19,6 +19,7 @@ nlohmann::json StepMetrics::to_json() const {
                       {"step_time_s", step_time_s},
                       {"tokens_per_s", tokens_per_s},
                       {"time_breakdown", {{"forward_backward_s", forward_backward_s}, {"optimizer_s", optimizer_s}}},
+                      {"host_cpu", {{"busy_s", host_cpu.busy_s}, {"steal_s", host_cpu.steal_s}}},
                       {"memory", {{"model_states", model_states.to_json()},
                                   {"model_states_analytic", model_states_analytic.to_json()},
                                   {"peak_rss_bytes", peak_rss_bytes},
@@ -97,6 +98,7 @@ StepMetrics Trainer::train_step() {
 
 StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   auto start = std::chrono::steady_clock::now();
+  const HostCpuTimes cpu_at_start = host_cpu_times();
   reset_memory_peak();
   const int64_t at_start = memory_counts().current;
   TORCH_CHECK(static_cast<int64_t>(micro_batches.size()) == config_.gradient_accumulation_steps,
@@ -143,6 +145,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.tokens_per_s = total_tokens / m.step_time_s;
   m.forward_backward_s = std::chrono::duration<double>(backward_done - start).count();
   m.optimizer_s = m.step_time_s - m.forward_backward_s;
+  const HostCpuTimes cpu_at_end = host_cpu_times();
+  m.host_cpu = {cpu_at_end.busy_s - cpu_at_start.busy_s, cpu_at_end.steal_s - cpu_at_start.steal_s};
   m.model_states = optimizer_->model_state_bytes();
   m.model_states_analytic =
       ZeroOptimizer::analytic_bytes(optimizer_->local_numel(), topology_->dp_size(), config_.zero.stage,

@@ -30,7 +30,7 @@ struct SimulateArgs {
   int gpus = 0;
   std::optional<int> tp, zero;
   int64_t micro_batch = 1, seq_len = 0, gas = 1, reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;
-  std::optional<double> inter_node_bw;
+  std::optional<double> inter_node_bw, host_steal;
   bool activation_checkpointing = false, json = false, sweep = false, overlap_comm = false, calibrate = false;
   WorldOptions world;
 };
@@ -68,6 +68,9 @@ void calibrate(const SimulateArgs& args) {
   std::cout << fmt::format("  elementwise op: {:.1f} us + bytes / {:.2f} GB/s (forward+backward {:.1f} us)\n",
                            cal.elementwise_forward.latency_s * 1e6, cal.elementwise_forward.rate / 1e9,
                            cal.elementwise_forward_backward.latency_s * 1e6);
+  std::cout << fmt::format("  {} ranks at once: {:.2f}x slower than one; the host took {:.0f}% of the CPU while "
+                           "measuring (times are without it)\n",
+                           cal.world, cal.concurrency_slowdown, 100 * cal.host_steal_fraction);
   for (const auto& [n, c] : cal.all_reduce)
     std::cout << fmt::format("  all-reduce over {}: {:.0f} us + bytes / {:.3f} GB/s\n", n, c.latency_s * 1e6,
                              c.rate / 1e9);
@@ -95,7 +98,27 @@ sim::ClusterSpec cluster_from(const SimulateArgs& args, const std::string& name)
   sim::ClusterOptions options;
   options.calibration_file = args.calibration;
   options.inter_node_GBps = args.inter_node_bw;
-  return sim::find_cluster(name, options);
+  auto cluster = sim::find_cluster(name, options);
+  if (args.host_steal) {
+    AUTOTP_USER_CHECK(cluster.calibration.has_value(), "--host-steal applies to cpu-local only (got --cluster {})",
+                      name);
+    AUTOTP_USER_CHECK(*args.host_steal >= 0 && *args.host_steal <= 0.95,
+                      "--host-steal must be a fraction in [0, 0.95], got {}", *args.host_steal);
+    cluster.host_steal_fraction = *args.host_steal;
+  }
+  return cluster;
+}
+
+// The host's steal over the steps of a metrics file from `first` on (0 when the
+// file has no host_cpu: older files, or not Linux).
+double run_steal_fraction(const std::vector<json>& lines, size_t first) {
+  double busy = 0, steal = 0;
+  for (size_t i = first; i < lines.size(); ++i) {
+    if (!lines[i].contains("host_cpu")) continue;
+    busy += lines[i]["host_cpu"].value("busy_s", 0.0);
+    steal += lines[i]["host_cpu"].value("steal_s", 0.0);
+  }
+  return busy + steal > 0 ? steal / (busy + steal) : 0;
 }
 
 // A simulate-only scenario: its variants, then every layout, as one markdown report.
@@ -199,7 +222,7 @@ void run_scenario(const SimulateArgs& args) {
 }
 
 // Simulated against measured: the layout comes from an `autotp train --metrics` file.
-void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model, const sim::ClusterSpec& cluster) {
+void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model, sim::ClusterSpec cluster) {
   std::ifstream in(args.measured);
   AUTOTP_USER_CHECK(in.good(), "--measured {}: cannot open", args.measured);
   std::vector<json> lines;
@@ -215,13 +238,15 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   a.tp = lay.at("tp").get<int>();
   a.zero = lay.at("zero_stage").get<int>();
   a.dtype = lay.at("dtype").get<std::string>();
-  auto result = sim::simulate(model, cluster, layout_from(a), {});
   // The first step pays one-time costs (allocations, thread pools): the median of the rest.
+  const size_t first = lines.size() > 1 ? 1 : 0;
+  // Simulated at the steal the host took during those steps (cpu-local), unless --host-steal says otherwise.
+  if (cluster.calibration && !args.host_steal) cluster.host_steal_fraction = run_steal_fraction(lines, first);
+  auto result = sim::simulate(model, cluster, layout_from(a), {});
   std::vector<double> times;
-  for (size_t i = lines.size() > 1 ? 1 : 0; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
+  for (size_t i = first; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
   std::sort(times.begin(), times.end());
-  // The 10th percentile beside the median: on a shared machine the slow steps are
-  // other tenants' load (steal time), which no calibration taken at another moment sees.
+  // The 10th percentile beside the median: within a run the steal comes in bursts.
   const double step = times[times.size() / 2], fastest = times.front(), p10 = times[times.size() / 10];
   int64_t peak = 0;
   for (const auto& r : last.at("memory").at("ranks")) peak = std::max(peak, r.at("peak_allocated_bytes").get<int64_t>());
@@ -229,7 +254,8 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   const double p10_error = result.time.step_s / p10 - 1;
   if (args.json) {
     std::cout << json{{"measured", {{"step_s", step}, {"p10_step_s", p10}, {"fastest_step_s", fastest},
-                                    {"peak_allocated_bytes", peak}, {"steps", lines.size()}}},
+                                    {"peak_allocated_bytes", peak}, {"steps", lines.size()},
+                                    {"host_steal_fraction", cluster.host_steal_fraction}}},
                       {"simulated", result.to_json()},
                       {"step_error", step_error},
                       {"p10_step_error", p10_error},
@@ -238,10 +264,10 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
               << "\n";
     return;
   }
-  std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} / {:.1f} ms ({:.1f}) | {:.1f} ms | {:+.0f}% / {:+.0f}% | {:.1f} / "
-                           "{:.1f} / {:.1f} ms | {} | {} | {:+.1f}% |\n",
+  std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} / {:.1f} ms ({:.1f}) | {:.0f}% | {:.1f} ms | {:+.0f}% / "
+                           "{:+.0f}% | {:.1f} / {:.1f} / {:.1f} ms | {} | {} | {:+.1f}% |\n",
                            result.layout.tp, result.layout.dp(), result.layout.zero_stage, step * 1e3, p10 * 1e3,
-                           fastest * 1e3, result.time.step_s * 1e3, 100 * step_error, 100 * p10_error,
+                           fastest * 1e3, 100 * cluster.host_steal_fraction, result.time.step_s * 1e3, 100 * step_error, 100 * p10_error,
                            result.time.compute_s * 1e3,
                            result.time.tp_comm_s * 1e3, result.time.zero_comm_s * 1e3, sim::format_bytes(peak),
                            sim::format_bytes(result.memory.total), 100 * peak_error);
@@ -310,6 +336,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_flag("--overlap-comm", args->overlap_comm,
                 "Model ZeRO communication hidden behind the backward (the engine does not overlap)");
   cmd->add_option("--inter-node-bw", args->inter_node_bw, "Per-GPU inter-node bandwidth in GB/s (multi-node)");
+  cmd->add_option("--host-steal", args->host_steal,
+                  "cpu-local: share of the CPU the host takes (/proc/stat steal, 0-0.95; default 0, with --measured "
+                  "the run's own)");
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->add_flag("--sweep", args->sweep, "Every valid (tp, zero) for --gpus, sorted by tokens/s");
   cmd->add_option("--markdown", args->markdown, "Also write the sweep / scenario report as markdown here");

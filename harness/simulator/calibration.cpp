@@ -18,6 +18,7 @@
 #include "autotp/model/presets.h"
 #include "autotp/optim/optimizer.h"
 #include "autotp/runtime/error.h"
+#include "autotp/runtime/host_cpu.h"
 #include "autotp/runtime/json_file.h"
 #include "autotp/runtime/log.h"
 #include "simulator/cluster_catalog.h"
@@ -58,36 +59,47 @@ int64_t mem_total_bytes() {
   return 0;
 }
 
-// Seconds per call of `fn`: repeated for at least `seconds` (and 3 calls), the best of 3 rounds.
+// Seconds per call of `fn`: the mean over at least `seconds` (and 3 calls). A mean,
+// not a best-of, because the simulator predicts a typical step: the host's share
+// of the CPU is taken out separately (StealWindow), the rest of the noise is the machine's.
 template <typename Fn>
 double time_call(Fn&& fn, double seconds) {
   fn();  // warm-up
-  double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
-    int64_t calls = 0;
-    auto start = Clock::now();
-    double elapsed = 0;
-    do {
-      fn();
-      ++calls;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (calls < 3 || elapsed < seconds / 3);
-    best = std::min(best, elapsed / calls);
-  }
-  return best;
+  int64_t calls = 0;
+  auto start = Clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (calls < 3 || elapsed < seconds);
+  return elapsed / calls;
 }
 
 // Collectives: every rank must make the same number of calls, so the count is fixed.
 template <typename Fn>
 double time_calls(Fn&& fn, int calls) {
   fn();
-  double best = 1e30;
-  for (int round = 0; round < 2; ++round) {
-    auto start = Clock::now();
-    for (int i = 0; i < calls; ++i) fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / calls);
-  }
-  return best;
+  auto start = Clock::now();
+  for (int i = 0; i < 2 * calls; ++i) fn();
+  return std::chrono::duration<double>(Clock::now() - start).count() / (2 * calls);
+}
+
+// Calibration times are scaled to a host that takes no CPU from this machine:
+// times the share of the wanted CPU time it got while they were measured
+// (1 - steal fraction). A run's steal is put back when it is simulated
+// (ClusterSpec::host_steal_fraction).
+class StealWindow {
+ public:
+  double kept_share() const { return 1 - steal_fraction(from_, host_cpu_times()); }
+
+ private:
+  HostCpuTimes from_ = host_cpu_times();
+};
+
+std::vector<double> scaled(std::vector<double> seconds, double share) {
+  for (double& x : seconds) x *= share;
+  return seconds;
 }
 
 }  // namespace
@@ -154,6 +166,7 @@ json Calibration::to_json() const {
           {"layer_overhead_s", layer_overhead_s},
           {"layer_overhead_by_tp_s", overhead},
           {"concurrency_slowdown", concurrency_slowdown},
+          {"host_steal_fraction", host_steal_fraction},
           {"elementwise", {{"forward", cost_json(elementwise_forward)},
                            {"forward_grad", cost_json(elementwise_forward_grad)},
                            {"forward_backward", cost_json(elementwise_forward_backward)}}},
@@ -184,6 +197,7 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
     c.gemm_peak_flops = j.at("gemm_peak_flops").get<double>();
     c.layer_overhead_s = j.value("layer_overhead_s", 0.0);
     c.concurrency_slowdown = j.value("concurrency_slowdown", 1.0);
+    c.host_steal_fraction = j.value("host_steal_fraction", 0.0);
   } catch (const json::exception& e) {
     throw_user_error("{}: malformed calibration ({})", source, e.what());
   }
@@ -253,17 +267,17 @@ Calibration run_calibration(const CalibrationOptions& options) {
     return to_vector(t);
   };
   // Seconds per call of `fn` with every rank calling it at once, the same number of
-  // times (it may hold collectives): the best of 3 rounds of the world's average.
+  // times (it may hold collectives): the world's mean over 3 x `calls` calls, unstolen.
   auto concurrent_seconds = [&](const std::function<void()>& fn, int calls) {
-    double best = 1e30;
-    for (int round = 0; round < 3; ++round) {
-      barrier();
-      auto start = Clock::now();
-      for (int i = 0; i < calls; ++i) fn();
-      best = std::min(best, average({std::chrono::duration<double>(Clock::now() - start).count() / calls})[0]);
-    }
-    return best;
+    fn();  // warm-up
+    barrier();
+    StealWindow window;
+    auto start = Clock::now();
+    for (int i = 0; i < 3 * calls; ++i) fn();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / (3 * calls);
+    return average({seconds * window.kept_share()})[0];
   };
+  const HostCpuTimes cpu_at_start = host_cpu_times();
 
   // GEMMs at the step shapes of the model at every tp that fits the world.
   auto model = resolve_sim_model(options.model);
@@ -284,6 +298,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   for (int64_t n : {64, 256, 512, 1024}) shapes.insert(GemmShape{n, n, n, 1});
   std::vector<GemmShape> list(shapes.begin(), shapes.end());
   std::vector<double> gemm_times;
+  StealWindow gemm_window;
   for (const auto& s : list) {
     if (!measures) {
       gemm_times.push_back(0);
@@ -293,7 +308,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
     auto b = s.batch > 1 ? torch::randn({s.batch, s.k, s.n}) : torch::randn({s.k, s.n});
     gemm_times.push_back(time_call([&] { torch::matmul(a, b); }, options.seconds_per_point));
   }
-  gemm_times = from_rank0(gemm_times);
+  gemm_times = from_rank0(scaled(gemm_times, gemm_window.kept_share()));
   std::vector<double> flops;
   for (size_t i = 0; i < list.size(); ++i) {
     cal.gemm_seconds[list[i]] = gemm_times[i];
@@ -305,6 +320,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   // Elementwise ops: forward, forward under autograd, forward + backward.
   const std::vector<int64_t> sizes = {256, 4096, 65536, 1 << 20};
   std::vector<double> bytes, fwd, fwd_grad, fb;
+  StealWindow elementwise_window;
   for (int64_t n : sizes) {
     bytes.push_back(3.0 * n * 4);
     if (!measures) {
@@ -325,9 +341,10 @@ Calibration run_calibration(const CalibrationOptions& options) {
         },
         options.seconds_per_point));
   }
-  fwd = from_rank0(fwd);
-  fwd_grad = from_rank0(fwd_grad);
-  fb = from_rank0(fb);
+  const double elementwise_share = elementwise_window.kept_share();
+  fwd = from_rank0(scaled(fwd, elementwise_share));
+  fwd_grad = from_rank0(scaled(fwd_grad, elementwise_share));
+  fb = from_rank0(scaled(fb, elementwise_share));
   cal.elementwise_forward = fit_linear_cost(bytes, fwd);
   cal.elementwise_forward_grad = fit_linear_cost(bytes, fwd_grad);
   cal.elementwise_forward_backward = fit_linear_cost(bytes, fb);
@@ -336,6 +353,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   {
     const int64_t total = std::max<int64_t>(4096, count_parameters(model.config));
     std::vector<double> elements, seconds;
+    StealWindow optimizer_window;
     for (int64_t n : {total / 8, total / 4, total / 2, total}) {
       elements.push_back(static_cast<double>(n));
       if (!measures) {
@@ -356,7 +374,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
           },
           options.seconds_per_point));
     }
-    seconds = from_rank0(seconds);
+    seconds = from_rank0(scaled(seconds, optimizer_window.kept_share()));
     cal.optimizer_step = fit_linear_cost(elements, seconds);
   }
 
@@ -373,8 +391,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
     auto ids = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
     torch::AutoGradMode on(true);
     auto step = [&] { lm.token_losses(ids, ids).sum().backward(); };
+    StealWindow alone_window;
     std::vector<double> measured = {measures ? time_call(step, window) : 0.0};
-    measured = from_rank0(measured);
+    measured = from_rank0(scaled(measured, alone_window.kept_share()));
     alone_step_s = measured[0];
     concurrent_calls = static_cast<int>(std::clamp(window / 3 / alone_step_s, 3.0, 1000.0));
     if (world) cal.concurrency_slowdown = std::max(1.0, concurrent_seconds(step, concurrent_calls) / alone_step_s);
@@ -398,6 +417,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
       auto topo = Topology::create_with_store(prefix_store("calibration_g" + std::to_string(g), store), env.rank,
                                               env.world_size, topo_options);
       std::vector<double> x, reduce, gather_bytes, gather;
+      StealWindow collectives_window;
       for (int64_t b : message) {
         auto t = torch::ones({std::max<int64_t>(1, b / 4)});
         auto local = torch::ones({std::max<int64_t>(1, b / 4 / g)});
@@ -409,8 +429,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
         x.push_back(static_cast<double>(t.numel()) * 4);
         gather_bytes.push_back(static_cast<double>(local.numel()) * 4 * g);
       }
-      reduce = average(reduce);
-      gather = average(gather);
+      const double collectives_share = collectives_window.kept_share();
+      reduce = average(scaled(reduce, collectives_share));
+      gather = average(scaled(gather, collectives_share));
       cal.all_reduce[g] = fit_linear_cost(x, reduce);
       cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
 
@@ -450,6 +471,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
     }
     barrier();
   }
+  cal.host_steal_fraction = steal_fraction(cpu_at_start, host_cpu_times());
   return cal;
 }
 

@@ -17,6 +17,10 @@
 //   - collectives over `Comm` (Gloo) for each group size that divides the world,
 //     with world / size groups running at once as in training:
 //     seconds = latency + bytes / bytes_per_s, from a least-squares fit
+// Every time is the mean over its measuring window, scaled to a host that takes
+// no CPU from this machine (times 1 - the /proc/stat steal fraction of that
+// window): a shared VM's steal changes by the minute, and a run's own steal is
+// applied when it is simulated.
 // Written as JSON by `autotp simulate --calibrate`, read by the cpu-local cluster.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -72,6 +76,7 @@ struct Calibration {
   // The model's forward + backward with all `world` ranks at once over rank 0 alone
   // (>= 1): on a machine with fewer cores than ranks x threads they share the cores.
   double concurrency_slowdown = 1;
+  double host_steal_fraction = 0;  // what the host took while calibrating (the times are without it)
   std::map<int, LinearCost> all_reduce;      // by group size
   std::map<int, LinearCost> all_gather;      // by group size; amount = gathered bytes
   int64_t memory_bytes = 0;                  // MemTotal of the machine

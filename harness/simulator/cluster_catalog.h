@@ -35,6 +35,9 @@ struct ClusterSpec {
   bool native_reduce_scatter = true;  // NCCL has it; LibTorch 1.13 Gloo does not (all-reduce instead)
   bool reduce_16bit_as_fp32 = false;  // Gloo reduces bf16 as fp32 (Comm converts)
   std::optional<Calibration> calibration;  // cpu-local only
+  // cpu-local: the share of the CPU time the ranks want that the host takes
+  // (/proc/stat steal) during the predicted run; every time is / (1 - it).
+  double host_steal_fraction = 0;
 
   double peak_flops(bool sixteen_bit) const { return sixteen_bit ? peak_flops_16bit : peak_flops_32bit; }
 };

@@ -281,6 +281,12 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
     // the backward (about two thirds of the compute); tp traffic stays exposed.
     t.overlap_s = std::min(t.zero_comm_s, (t.gemm_s + t.elementwise_s) * 2.0 / 3.0);
   }
+  if (c.calibration && c.host_steal_fraction > 0) {  // cpu-local on a host that takes part of the CPU
+    const double stretch = 1 / (1 - c.host_steal_fraction);
+    for (double* x : {&t.gemm_s, &t.elementwise_s, &t.optimizer_s, &t.compute_s, &t.tp_comm_s, &t.zero_comm_s,
+                      &t.overlap_s})
+      *x *= stretch;
+  }
   t.step_s = t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s;
   t.model_flops = model_flops_per_token(config, l.seq_len) * static_cast<double>(BT) * gas * dp;
   return t;

@@ -15,6 +15,7 @@
 #include "autotp/data/batch.h"
 #include "autotp/data/sampler.h"
 #include "autotp/model/causal_lm.h"
+#include "autotp/runtime/host_cpu.h"
 #include "autotp/runtime/train_config.h"
 #include "autotp/zero/zero_optimizer.h"
 
@@ -32,6 +33,7 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double forward_backward_s = 0;  // data check, forward and backward of every micro-batch
   double optimizer_s = 0;         // reduction, norm, clipping, update, redistribution
+  HostCpuTimes host_cpu;          // the whole machine's CPU time during the step (busy, stolen by the host)
   ModelStateBytes model_states;            // this rank
   ModelStateBytes model_states_analytic;   // the formula for this rank
   int64_t peak_rss_bytes = 0;              // this rank's peak resident set so far
