@@ -13,6 +13,7 @@
 #include "autotp/comm/dist_env.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
+#include "autotp/runtime/host_cpu.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/json_file.h"
 #include "autotp/runtime/log.h"
@@ -112,13 +113,13 @@ sim::ClusterSpec cluster_from(const SimulateArgs& args, const std::string& name)
 // The host's steal over the steps of a metrics file from `first` on (0 when the
 // file has no host_cpu: older files, or not Linux).
 double run_steal_fraction(const std::vector<json>& lines, size_t first) {
-  double busy = 0, steal = 0;
+  HostCpuTimes run;
   for (size_t i = first; i < lines.size(); ++i) {
     if (!lines[i].contains("host_cpu")) continue;
-    busy += lines[i]["host_cpu"].value("busy_s", 0.0);
-    steal += lines[i]["host_cpu"].value("steal_s", 0.0);
+    run.busy_s += lines[i]["host_cpu"].value("busy_s", 0.0);
+    run.steal_s += lines[i]["host_cpu"].value("steal_s", 0.0);
   }
-  return busy + steal > 0 ? steal / (busy + steal) : 0;
+  return steal_fraction({}, run);
 }
 
 // A simulate-only scenario: its variants, then every layout, as one markdown report.
