@@ -157,6 +157,73 @@ TEST(SimulatorTime, CollectiveCountsFollowTheEngine) {
   }
 }
 
+TEST(SimulatorTime, ZeroThreeGathersPadToTheLargestShare) {
+  // Partitions of 10 over 4 ranks: [10, 30) lies on ranks 1 and 2, 10 each -> 4 x 10.
+  EXPECT_DOUBLE_EQ(zero3_gather_elements({10, 30}, 40, 4), 40);
+  // [5, 12) over 2 partitions of 10: shares 5 and 2, padded to 5 each.
+  EXPECT_DOUBLE_EQ(zero3_gather_elements({5, 12}, 20, 2), 10);
+  EXPECT_DOUBLE_EQ(zero3_gather_elements({0, 20}, 20, 2), 20);
+  // The spans the engine gathers: each layer's parameters back to back, outer ones one by one.
+  auto model = resolve_sim_model("preset:llama-tiny");
+  for (int tp : {1, 2}) {
+    auto shape = rank_shape(model.config, build_plan(model.config, tp), tp - 1);
+    ASSERT_EQ(static_cast<int64_t>(shape.layer_ranges.size()), model.config.num_layers);
+    ASSERT_EQ(static_cast<int64_t>(shape.outer_ranges.size()), shape.outer_tensors);
+    int64_t covered = 0;
+    for (size_t l = 0; l < shape.layer_ranges.size(); ++l) {
+      EXPECT_EQ(shape.layer_ranges[l].end - shape.layer_ranges[l].begin, shape.layer_numel[l]) << l;
+      covered += shape.layer_numel[l];
+    }
+    for (const auto& r : shape.outer_ranges) covered += r.end - r.begin;
+    EXPECT_EQ(covered, shape.local_numel);
+  }
+}
+
+TEST(SimulatorTime, InStepCollectiveExtrasAddPerCollective) {
+  // cpu-local: each gradient all-reduce and parameter gather after the backward costs
+  // step_collective_extra_s on top, each ZeRO-3 layer gather layer_gather_extra_s.
+  auto model = resolve_sim_model("preset:llama-tiny");
+  Calibration cal;
+  cal.world = 2;
+  cal.gemm_peak_flops = 1e10;
+  cal.gemm_fit = {1e-6, 1e10};
+  cal.all_reduce[2] = {1e-4, 1e9};
+  cal.all_gather[2] = {2e-4, 1e9};
+  Calibration extra = cal;
+  extra.step_collective_extra_s[2] = 0.003;
+  extra.layer_gather_extra_s[2] = 0.0005;
+  auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+  const double L = static_cast<double>(model.config.num_layers);
+  for (int stage : {0, 1, 2, 3}) {
+    SimLayout l = layout(2, 1, stage);
+    l.micro_batch = 2;
+    l.seq_len = 64;
+    l.gas = 2;
+    auto base = estimate_time(model.config, shape, l, cpu_local_cluster(cal, "base"));
+    auto with = estimate_time(model.config, shape, l, cpu_local_cluster(extra, "extra"));
+    const double expected = stage == 1 || stage == 2 ? 2 * 0.003 : stage == 0 ? 0.003 : 0.003 + 2 * 2 * L * 0.0005;
+    EXPECT_NEAR(with.zero_comm_s - base.zero_comm_s, expected, 1e-12) << "stage " << stage;
+    EXPECT_EQ(with.zero_collectives, base.zero_collectives);
+    EXPECT_DOUBLE_EQ(with.compute_s, base.compute_s);
+  }
+  // Negative seconds in a file are bad input, naming the key.
+  json j = extra.to_json();
+  j["layer_gather_extra_s"]["2"] = -1;
+  try {
+    Calibration::from_json(j, "cal.json");
+    ADD_FAILURE() << "accepted a negative extra";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cal.json: 'layer_gather_extra_s.2' must be seconds >= 0"), std::string::npos)
+        << e.what();
+  }
+  // Older files without the extras read as none.
+  j.erase("layer_gather_extra_s");
+  j.erase("step_collective_extra_s");
+  auto old = Calibration::from_json(j, "old.json");
+  EXPECT_TRUE(old.step_collective_extra_s.empty());
+  EXPECT_TRUE(old.layer_gather_extra_s.empty());
+}
+
 TEST(SimulatorTime, MultiNodeDataParallelUsesTheNic) {
   auto model = resolve_sim_model("llama2-7b");
   auto one = simulate(model, find_cluster("8xH100-80GB"), layout(8, 8, 1, torch::kBFloat16));
@@ -230,6 +297,8 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
   EXPECT_GT(c.optimizer_step->rate, 1.0);
   EXPECT_GE(c.layer_overhead_s, 0.0);
   EXPECT_EQ(c.layer_overhead_by_tp.count(2), 1u);  // llama-tiny's real step at tp 2 over both ranks
+  EXPECT_EQ(c.step_collective_extra_s.count(2), 1u);
+  EXPECT_EQ(c.layer_gather_extra_s.count(2), 1u);
   EXPECT_DOUBLE_EQ(c.slowdown(1), 1.0);
   EXPECT_DOUBLE_EQ(c.slowdown(2), c.concurrency_slowdown);
   // Every GEMM of a llama-tiny step at tp 1 and 2 was measured at its exact shape.

@@ -78,6 +78,10 @@ void calibrate(const SimulateArgs& args) {
   for (const auto& [n, c] : cal.all_gather)
     std::cout << fmt::format("  all-gather over {}: {:.0f} us + bytes / {:.3f} GB/s\n", n, c.latency_s * 1e6,
                              c.rate / 1e9);
+  for (const auto& [n, extra] : cal.step_collective_extra_s)
+    std::cout << fmt::format("  inside a step, group of {}: +{:.2f} ms per gradient all-reduce / parameter gather, "
+                             "+{:.2f} ms per ZeRO-3 layer gather\n",
+                             n, extra * 1e3, cal.layer_gather_extra_s.count(n) ? cal.layer_gather_extra_s.at(n) * 1e3 : 0.0);
 }
 
 sim::SimLayout layout_from(const SimulateArgs& args) {

@@ -49,6 +49,18 @@ std::map<int, LinearCost> costs_from(const json& j, const std::string& where, co
   return out;
 }
 
+// {"<group size>": seconds >= 0, ...}; absent (older files) is empty.
+std::map<int, double> seconds_by_group(const json& j, const std::string& key, const std::string& source) {
+  std::map<int, double> out;
+  if (!j.contains(key) || !j[key].is_object()) return out;
+  for (const auto& [size, value] : j[key].items()) {
+    AUTOTP_USER_CHECK(value.is_number() && value.get<double>() >= 0, "{}: '{}.{}' must be seconds >= 0", source,
+                      key, size);
+    out[std::stoi(size)] = value.get<double>();
+  }
+  return out;
+}
+
 int64_t mem_total_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -152,6 +164,9 @@ json Calibration::to_json() const {
   for (const auto& [n, c] : all_reduce) reduce[std::to_string(n)] = cost_json(c);
   for (const auto& [n, s] : layer_overhead_by_tp) overhead[std::to_string(n)] = s;
   for (const auto& [n, c] : all_gather) gather[std::to_string(n)] = cost_json(c);
+  json after_compute = json::object(), between_layers = json::object();
+  for (const auto& [n, s] : step_collective_extra_s) after_compute[std::to_string(n)] = s;
+  for (const auto& [n, s] : layer_gather_extra_s) between_layers[std::to_string(n)] = s;
   return {{"format", "autotp-calibration-1"},
           {"world", world},
           {"threads_per_rank", threads_per_rank},
@@ -166,6 +181,8 @@ json Calibration::to_json() const {
           {"layer_overhead_s", layer_overhead_s},
           {"layer_overhead_by_tp_s", overhead},
           {"concurrency_slowdown", concurrency_slowdown},
+          {"step_collective_extra_s", after_compute},
+          {"layer_gather_extra_s", between_layers},
           {"host_steal_fraction", host_steal_fraction},
           {"elementwise", {{"forward", cost_json(elementwise_forward)},
                            {"forward_grad", cost_json(elementwise_forward_grad)},
@@ -207,13 +224,9 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
   c.elementwise_forward_grad = cost_from(e.value("forward_grad", json()), "elementwise.forward_grad", source);
   c.elementwise_forward_backward =
       cost_from(e.value("forward_backward", json()), "elementwise.forward_backward", source);
-  if (j.contains("layer_overhead_by_tp_s") && j["layer_overhead_by_tp_s"].is_object()) {
-    for (const auto& [key, value] : j["layer_overhead_by_tp_s"].items()) {
-      AUTOTP_USER_CHECK(value.is_number() && value.get<double>() >= 0,
-                        "{}: 'layer_overhead_by_tp_s.{}' must be seconds >= 0", source, key);
-      c.layer_overhead_by_tp[std::stoi(key)] = value.get<double>();
-    }
-  }
+  c.layer_overhead_by_tp = seconds_by_group(j, "layer_overhead_by_tp_s", source);
+  c.step_collective_extra_s = seconds_by_group(j, "step_collective_extra_s", source);
+  c.layer_gather_extra_s = seconds_by_group(j, "layer_gather_extra_s", source);
   if (j.contains("optimizer_step") && !j["optimizer_step"].is_null()) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
   c.all_reduce = costs_from(j.value("all_reduce", json::object()), "all_reduce", source);
   c.all_gather = costs_from(j.value("all_gather", json::object()), "all_gather", source);
@@ -278,6 +291,31 @@ Calibration run_calibration(const CalibrationOptions& options) {
     return average({seconds * window.kept_share()})[0];
   };
   const HostCpuTimes cpu_at_start = host_cpu_times();
+  // Seconds per call that `variant` takes beyond `base`, both run by every rank at
+  // once: alternating rounds of `calls` calls each, so that the machine's drift over
+  // the measurement falls on both alike. Also returns base's seconds per call.
+  struct Extra {
+    double base_s = 0, extra_s = 0;
+  };
+  auto concurrent_extra = [&](const std::function<void()>& base, const std::function<void()>& variant, int calls) {
+    base();  // warm-up
+    variant();
+    barrier();
+    double base_s = 0, variant_s = 0;
+    auto timed = [&](const std::function<void()>& fn) {
+      StealWindow window;
+      auto start = Clock::now();
+      for (int i = 0; i < calls; ++i) fn();
+      return std::chrono::duration<double>(Clock::now() - start).count() * window.kept_share();
+    };
+    constexpr int kRounds = 6;
+    for (int round = 0; round < kRounds; ++round) {
+      base_s += timed(base);
+      variant_s += timed(variant);
+    }
+    auto mean = average({base_s / (kRounds * calls), variant_s / (kRounds * calls)});
+    return Extra{mean[0], mean[1] - mean[0]};
+  };
 
   // GEMMs at the step shapes of the model at every tp that fits the world.
   auto model = resolve_sim_model(options.model);
@@ -378,36 +416,34 @@ Calibration run_calibration(const CalibrationOptions& options) {
     cal.optimizer_step = fit_linear_cost(elements, seconds);
   }
 
-  double alone_step_s = 0;  // the model's forward + backward at tp 1, rank 0 alone
-  int concurrent_calls = 3;  // calls per round when every rank runs that step (about window / 3)
-  const double window = std::max(0.5, 10 * options.seconds_per_point);
-  // Framework overhead per layer: the model's real forward + backward on rank 0
-  // (tp 1, no communication) against the costs measured above; then the same with
-  // every rank at once, a fixed number of calls each, for the concurrency slowdown.
-  {
-    Comm self;
-    CausalLM lm(model.config, build_plan(model.config, 1), self, torch::kFloat32);
-    lm.init_random(1);
-    auto ids = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
+  // The model's forward + backward at tp 1 (no communication): rank 0 alone against
+  // the costs measured above gives the framework overhead per layer; every rank at
+  // once gives the concurrency slowdown. Both are sampled at the start and again
+  // after the collectives (a shared machine drifts), and averaged.
+  Comm self;
+  const TpPlan plan1 = build_plan(model.config, 1);
+  const RankShape shape1 = rank_shape(model.config, plan1, 0);
+  CausalLM lm1(model.config, plan1, self, torch::kFloat32);
+  lm1.init_random(1);
+  auto ids1 = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
+  auto step1 = [&] {
     torch::AutoGradMode on(true);
-    auto step = [&] { lm.token_losses(ids, ids).sum().backward(); };
+    lm1.token_losses(ids1, ids1).sum().backward();
+  };
+  const double window = std::max(0.5, 10 * options.seconds_per_point);
+  std::vector<double> alone_samples, concurrent_samples;
+  auto sample_alone = [&] {
     StealWindow alone_window;
-    std::vector<double> measured = {measures ? time_call(step, window) : 0.0};
-    measured = from_rank0(scaled(measured, alone_window.kept_share()));
-    alone_step_s = measured[0];
-    concurrent_calls = static_cast<int>(std::clamp(window / 3 / alone_step_s, 3.0, 1000.0));
-    if (world) cal.concurrency_slowdown = std::max(1.0, concurrent_seconds(step, concurrent_calls) / alone_step_s);
-    SimLayout layout;
-    layout.gpus = 1;  // rank 0 alone: no slowdown
-    layout.micro_batch = options.micro_batch;
-    layout.seq_len = options.seq_len;
-    layout.dtype = torch::kFloat32;
-    auto cluster = cpu_local_cluster(cal, "calibration");
-    auto t = estimate_time(model.config, rank_shape(model.config, build_plan(model.config, 1), 0), layout, cluster);
-    cal.layer_overhead_s = std::max(0.0, (measured[0] - t.gemm_s - t.elementwise_s) / model.config.num_layers);
-  }
+    std::vector<double> measured = {measures ? time_call(step1, window) : 0.0};
+    alone_samples.push_back(from_rank0(scaled(measured, alone_window.kept_share()))[0]);
+  };
+  sample_alone();
+  // Calls per round when every rank runs that step (about window / 3).
+  const int concurrent_calls = static_cast<int>(std::clamp(window / 3 / alone_samples[0], 3.0, 1000.0));
+  if (world) concurrent_samples.push_back(concurrent_seconds(step1, concurrent_calls));
 
   // Collectives over Comm for every group size, world / size groups at once.
+  std::map<int, double> tp_step_s;  // the model's forward + backward at tp g, every tp group at once
   if (world) {
     const std::vector<int64_t> message = {64, 4096, 65536, 1 << 19, 1 << 22};
     for (int g = 2; g <= env.world_size; ++g) {
@@ -435,6 +471,60 @@ Calibration run_calibration(const CalibrationOptions& options) {
       cal.all_reduce[g] = fit_linear_cost(x, reduce);
       cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
 
+      // The same collectives inside a step: every rank runs the model's forward +
+      // backward (tp 1) and then a model-sized all-reduce and all-gather (ZeRO-1's
+      // gradients and parameters), or gathers each layer's ZeRO-3 span before the
+      // layer runs (twice: forward and recomputation), against the same without them.
+      {
+        Comm& group = topo->tp();
+        const int64_t padded = (shape1.local_numel + g - 1) / g * g, part = padded / g;
+        auto grads = torch::ones({padded}), share = torch::ones({part});
+        const int round_calls = std::max(2, concurrent_calls / 2);
+        const Extra dp = concurrent_extra(
+            step1,
+            [&] {
+              step1();
+              torch::NoGradGuard no_grad;
+              group.all_reduce(grads);
+              group.all_gather(share, 0);
+            },
+            round_calls);
+        concurrent_samples.push_back(dp.base_s);
+        const double back_to_back = cal.all_reduce[g].seconds(4.0 * padded) + cal.all_gather[g].seconds(4.0 * padded);
+        cal.step_collective_extra_s[g] = std::max(0.0, (dp.extra_s - back_to_back) / 2);
+
+        std::vector<std::vector<int64_t>> sizes;
+        std::vector<torch::Tensor> shares;
+        double layer_back_to_back = 0;
+        for (const FlatRange& r : shape1.layer_ranges) {
+          std::vector<int64_t> extents;
+          for (int k = 0; k < g; ++k)
+            extents.push_back(std::max<int64_t>(0, std::min(r.end, (k + 1) * part) - std::max(r.begin, k * part)));
+          shares.push_back(torch::ones({extents[group.rank()]}));
+          sizes.push_back(extents);
+          layer_back_to_back += 2 * cal.all_gather[g].seconds(4 * zero3_gather_elements(r, padded, g));
+        }
+        const CausalLM::LayerHooks no_gather{[](int64_t) {}, [](int64_t) {}};  // hooked layers recompute anyway
+        const CausalLM::LayerHooks gather{[&](int64_t layer) {
+                                            torch::NoGradGuard no_grad;
+                                            group.all_gather(shares[layer], 0, sizes[layer]);
+                                          },
+                                          [](int64_t) {}};
+        const Extra layers = concurrent_extra(
+            [&] {
+              lm1.set_layer_hooks(no_gather);
+              step1();
+            },
+            [&] {
+              lm1.set_layer_hooks(gather);
+              step1();
+            },
+            round_calls);
+        lm1.set_layer_hooks({});
+        cal.layer_gather_extra_s[g] =
+            std::max(0.0, (layers.extra_s - layer_back_to_back) / (2.0 * model.config.num_layers));
+      }
+
       // The model's forward + backward at tp g, every tp group at once: what a layer
       // costs at this tp beyond the GEMM, elementwise and lock-step collective costs
       // (the tp autograd functions, waiting for the partner at each collective).
@@ -446,30 +536,52 @@ Calibration run_calibration(const CalibrationOptions& options) {
         auto ids =
             torch::randint(model.config.vocab_size, {options.micro_batch, options.seq_len}, gen, torch::kLong);
         torch::AutoGradMode on(true);
-        const double best =
-            concurrent_seconds([&] { lm.token_losses(ids, ids).sum().backward(); }, concurrent_calls);
-        Calibration without = cal;
-        without.layer_overhead_s = 0;
-        without.layer_overhead_by_tp.clear();
-        auto cluster = cpu_local_cluster(without, "calibration");
-        SimLayout layout;
-        layout.gpus = env.world_size;
-        layout.tp = g;
-        layout.micro_batch = options.micro_batch;
-        layout.seq_len = options.seq_len;
-        layout.dtype = torch::kFloat32;
-        // The slowest tp rank, as the simulator takes it (its tp_comm_s also holds the
-        // per-step hash check and shared-slice reductions, a few small all-reduces).
-        double predicted = 0;
-        for (int r = 0; r < g; ++r) {
-          auto t = estimate_time(model.config, rank_shape(model.config, plan, r), layout, cluster);
-          predicted = std::max(predicted, t.gemm_s + t.elementwise_s + t.tp_comm_s);
-        }
-        cal.layer_overhead_by_tp[g] =
-            std::max(0.0, (best - predicted) / cal.slowdown(env.world_size) / model.config.num_layers);
+        tp_step_s[g] = concurrent_seconds([&] { lm.token_losses(ids, ids).sum().backward(); }, concurrent_calls);
       }
     }
     barrier();
+  }
+  sample_alone();
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+  };
+  const double alone_step_s = mean(alone_samples);
+  if (world) cal.concurrency_slowdown = std::max(1.0, mean(concurrent_samples) / alone_step_s);
+  {
+    SimLayout layout;
+    layout.gpus = 1;  // rank 0 alone: no slowdown
+    layout.micro_batch = options.micro_batch;
+    layout.seq_len = options.seq_len;
+    layout.dtype = torch::kFloat32;
+    auto t = estimate_time(model.config, shape1, layout, cpu_local_cluster(cal, "calibration"));
+    cal.layer_overhead_s = std::max(0.0, (alone_step_s - t.gemm_s - t.elementwise_s) / model.config.num_layers);
+  }
+  // What a layer costs at tp g beyond the GEMM, elementwise and lock-step collective
+  // costs (the tp autograd functions, waiting for the partner at each collective),
+  // over the concurrency slowdown.
+  for (const auto& [g, seconds] : tp_step_s) {
+    Calibration without = cal;
+    without.layer_overhead_s = 0;
+    without.layer_overhead_by_tp.clear();
+    auto cluster = cpu_local_cluster(without, "calibration");
+    SimLayout layout;
+    layout.gpus = env.world_size;
+    layout.tp = g;
+    layout.micro_batch = options.micro_batch;
+    layout.seq_len = options.seq_len;
+    layout.dtype = torch::kFloat32;
+    // The slowest tp rank, as the simulator takes it (its tp_comm_s also holds the
+    // per-step hash check and shared-slice reductions, a few small all-reduces).
+    const TpPlan plan = build_plan(model.config, g);
+    double predicted = 0;
+    for (int r = 0; r < g; ++r) {
+      auto t = estimate_time(model.config, rank_shape(model.config, plan, r), layout, cluster);
+      predicted = std::max(predicted, t.gemm_s + t.elementwise_s + t.tp_comm_s);
+    }
+    cal.layer_overhead_by_tp[g] =
+        std::max(0.0, (seconds - predicted) / cal.slowdown(env.world_size) / model.config.num_layers);
   }
   cal.host_steal_fraction = steal_fraction(cpu_at_start, host_cpu_times());
   return cal;

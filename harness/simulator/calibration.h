@@ -17,6 +17,10 @@
 //   - collectives over `Comm` (Gloo) for each group size that divides the world,
 //     with world / size groups running at once as in training:
 //     seconds = latency + bytes / bytes_per_s, from a least-squares fit
+//   - what those collectives cost on top inside a step: the model's forward +
+//     backward followed by a model-sized all-reduce and all-gather, and with a
+//     ZeRO-3 layer gather before every layer, against the same without them
+//     (alternating rounds of both, so that drift falls on both alike)
 // Every time is the mean over its measuring window, scaled to a host that takes
 // no CPU from this machine (times 1 - the /proc/stat steal fraction of that
 // window): a shared VM's steal changes by the minute, and a run's own steal is
@@ -76,6 +80,13 @@ struct Calibration {
   // The model's forward + backward with all `world` ranks at once over rank 0 alone
   // (>= 1): on a machine with fewer cores than ranks x threads they share the cores.
   double concurrency_slowdown = 1;
+  // Seconds a collective over a group of that size costs inside a step beyond the
+  // back-to-back fits below, with every rank computing around it (by group size):
+  // the gradient all-reduce and parameter all-gather after a forward + backward
+  // (each), and a ZeRO-3 layer gather between decoder layers (every layer
+  // recomputed). Ranks that time-share cores arrive apart and wake late.
+  std::map<int, double> step_collective_extra_s;
+  std::map<int, double> layer_gather_extra_s;
   double host_steal_fraction = 0;  // what the host took while calibrating (the times are without it)
   std::map<int, LinearCost> all_reduce;      // by group size
   std::map<int, LinearCost> all_gather;      // by group size; amount = gathered bytes

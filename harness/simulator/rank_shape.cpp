@@ -29,16 +29,23 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
   s.hidden = config.hidden_size;
   s.head_dim = config.head_dim;
   s.layer_numel.assign(config.num_layers, 0);
+  s.layer_ranges.assign(config.num_layers, FlatRange{-1, -1});
   for (const auto& e : plan.entries()) {
     const int64_t n = e.spec.local_numel(tp_rank);
+    const FlatRange range{s.local_numel, s.local_numel + n};
     s.local_numel += n;
     ++s.tensors;
     std::smatch match;
     if (std::regex_search(e.desc.name, match, any_layer)) {
-      s.layer_numel[std::stoll(match[2].str())] += n;
+      const int64_t layer = std::stoll(match[2].str());
+      s.layer_numel[layer] += n;
+      FlatRange& span = s.layer_ranges[layer];  // first member's start to last member's end, as ZeRO-3 gathers
+      if (span.begin < 0) span.begin = range.begin;
+      span.end = range.end;
     } else {
       s.outer_numel += n;
       ++s.outer_tensors;
+      s.outer_ranges.push_back(range);
     }
     if (e.spec.has_overlap()) {
       int64_t global = 1;

@@ -19,6 +19,11 @@ struct LocalLinear {
   bool row = false;        // row-parallel: all-reduce of the output in the forward
 };
 
+// A span [begin, end) of the rank's flat parameter buffer (plan order, as the ZeRO optimizer lays it out).
+struct FlatRange {
+  int64_t begin = 0, end = 0;
+};
+
 struct RankShape {
   int tp = 1, tp_rank = 0;
   int64_t local_numel = 0;                // every parameter's ShardSpec::local_numel, summed (Psi)
@@ -32,6 +37,8 @@ struct RankShape {
   bool vocab_split = false;               // embedding / LM head vocab-parallel
   bool gpt2 = false;
   std::vector<int64_t> shared_numel;      // global numel of each parameter with kv slices shared over tp
+  std::vector<FlatRange> layer_ranges;    // per decoder layer: what one ZeRO-3 layer gather fetches
+  std::vector<FlatRange> outer_ranges;    // per parameter outside the layers (gathered one by one)
 
   int64_t max_layer_numel() const;
 };

@@ -88,7 +88,28 @@ double sum_ops(const LayerOps& l, const Elementwise& e, bool backward) {
   return t + l.views * (backward ? e.forward_backward.latency_s : e.forward_grad.latency_s) / 3;
 }
 
+// A calibrated per-group-size value: the exact size, else the nearest one, else 0.
+double at_group(const std::map<int, double>& values, int n) {
+  double found = 0;
+  int best = 0;
+  for (const auto& [size, value] : values) {
+    if (best == 0 || std::abs(size - n) < std::abs(best - n)) {
+      best = size;
+      found = value;
+    }
+  }
+  return found;
+}
+
 }  // namespace
+
+double zero3_gather_elements(const FlatRange& r, int64_t padded, int dp) {
+  const int64_t part = padded / dp;
+  int64_t most = 0;
+  for (int k = 0; k < dp; ++k)
+    most = std::max(most, std::min(r.end, (k + 1) * part) - std::max(r.begin, k * part));
+  return static_cast<double>(most) * dp;
+}
 
 nlohmann::json TimeEstimate::to_json() const {
   return {{"compute_s", compute_s},     {"tp_comm_s", tp_comm_s},           {"zero_comm_s", zero_comm_s},
@@ -257,16 +278,21 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
       zero += collective_seconds(c, CollectiveOp::kAllGather, static_cast<double>(a) * P, dp, dp_scope);
       ++calls;
     }
+    // cpu-local: what a collective costs inside a step beyond its back-to-back cost
+    // (ranks time-sharing cores arrive apart and wake late), measured per group size.
+    const double after_compute = c.calibration ? at_group(c.calibration->step_collective_extra_s, dp) : 0;
+    const double between_layers = c.calibration ? at_group(c.calibration->layer_gather_extra_s, dp) : 0;
+    zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
     if (stage == 3) {
       // Outer parameters once per step (one gather each), every layer twice per micro-batch.
-      zero += s.outer_tensors *
-              collective_seconds(c, CollectiveOp::kAllGather,
-                                 static_cast<double>(a) * s.outer_numel / std::max<int64_t>(1, s.outer_tensors), dp,
-                                 dp_scope);
+      for (const auto& r : s.outer_ranges)
+        zero += collective_seconds(c, CollectiveOp::kAllGather, a * zero3_gather_elements(r, P, dp), dp, dp_scope);
       calls += s.outer_tensors;
-      for (int64_t n : s.layer_numel)
-        zero += 2 * gas * collective_seconds(c, CollectiveOp::kAllGather, static_cast<double>(a) * n, dp, dp_scope);
-      calls += static_cast<int64_t>(2 * gas * s.layer_numel.size());
+      for (const auto& r : s.layer_ranges)
+        zero += 2 * gas *
+                (collective_seconds(c, CollectiveOp::kAllGather, a * zero3_gather_elements(r, P, dp), dp, dp_scope) +
+                 between_layers);
+      calls += static_cast<int64_t>(2 * gas * s.layer_ranges.size());
     }
     t.zero_comm_s = zero;
     t.zero_collectives = calls;

@@ -55,6 +55,11 @@ std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, 
 TimeEstimate estimate_time(const ModelConfig& config, const RankShape& shape, const SimLayout& layout,
                            const ClusterSpec& cluster, const TimeOptions& options = {});
 
+// Elements one ZeRO-3 gather of the flat span `range` moves over `dp` ranks of a
+// `padded`-element buffer: Comm::all_gather pads every rank's block to the largest
+// share of the span that one dp partition holds.
+double zero3_gather_elements(const FlatRange& range, int64_t padded, int dp);
+
 // Training FLOPs of one token (Kaplan / PaLM: 6 x matmul parameters + 12 x layers x attention width x seq).
 double model_flops_per_token(const ModelConfig& config, int64_t seq_len);
 
