@@ -285,26 +285,31 @@ TEST(SimulatorCli, SweepListsEveryLayoutSorted) {
 
 TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
   const std::string file = ::testing::TempDir() + "/sim_calibration.json";
-  auto cal = test::run_cli("simulate --calibrate --nproc 2 --calibration " + file + " 2>&1");
+  // Four ranks, so that the group of 2 is measured around the model at tp 2 (the
+  // layout tp 2 dp 2) and the group of 4 around tp 1.
+  auto cal = test::run_cli("simulate --calibrate --nproc 4 --calibration " + file + " 2>&1");
   ASSERT_EQ(cal.exit_code, 0) << cal.output;
   auto c = Calibration::from_file(file);
-  EXPECT_EQ(c.world, 2);
+  EXPECT_EQ(c.world, 4);
   EXPECT_GT(c.gemm_peak_flops, 0);
-  EXPECT_EQ(c.all_reduce.count(2), 1u);
-  EXPECT_EQ(c.all_gather.count(2), 1u);
   EXPECT_GE(c.concurrency_slowdown, 1.0);
   ASSERT_TRUE(c.optimizer_step.has_value());
   EXPECT_GT(c.optimizer_step->rate, 1.0);
   EXPECT_GE(c.layer_overhead_s, 0.0);
-  EXPECT_EQ(c.layer_overhead_by_tp.count(2), 1u);  // llama-tiny's real step at tp 2 over both ranks
-  EXPECT_EQ(c.step_collective_extra_s.count(2), 1u);
-  EXPECT_EQ(c.layer_gather_extra_s.count(2), 1u);
+  for (int g : {2, 4}) {
+    EXPECT_EQ(c.all_reduce.count(g), 1u) << g;
+    EXPECT_EQ(c.all_gather.count(g), 1u) << g;
+    EXPECT_EQ(c.layer_overhead_by_tp.count(g), 1u) << g;  // llama-tiny's real step at tp g
+    EXPECT_EQ(c.step_collective_extra_s.count(g), 1u) << g;
+    EXPECT_EQ(c.layer_gather_extra_s.count(g), 1u) << g;
+  }
   EXPECT_DOUBLE_EQ(c.slowdown(1), 1.0);
-  EXPECT_DOUBLE_EQ(c.slowdown(2), c.concurrency_slowdown);
-  // Every GEMM of a llama-tiny step at tp 1 and 2 was measured at its exact shape.
+  EXPECT_DOUBLE_EQ(c.slowdown(4), c.concurrency_slowdown);
+  EXPECT_DOUBLE_EQ(c.slowdown(2), 1 + (c.concurrency_slowdown - 1) / 3);
+  // Every GEMM of a llama-tiny step at tp 1, 2 and 4 was measured at its exact shape.
   auto model = resolve_sim_model("preset:llama-tiny");
-  for (int tp : {1, 2}) {
-    SimLayout l = layout(2, tp, 1);
+  for (int tp : {1, 2, 4}) {
+    SimLayout l = layout(4, tp, 1);
     l.micro_batch = 2;
     l.seq_len = 64;
     for (int r = 0; r < tp; ++r)
@@ -324,7 +329,7 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
     const std::string slower = ::testing::TempDir() + "/sim_calibration_slower.json";
     io::write_text_file_atomic(slower, raw.dump());
     auto base_cluster = cpu_local_cluster(c, file), slow_cluster = cpu_local_cluster(Calibration::from_file(slower), slower);
-    SimLayout l = layout(2, 2, 1);
+    SimLayout l = layout(4, 2, 1);  // all four ranks: the slowdown is the calibrated one
     l.micro_batch = 2;
     l.seq_len = 64;
     auto a = simulate(model, base_cluster, l), b = simulate(model, slow_cluster, l);

@@ -472,31 +472,47 @@ Calibration run_calibration(const CalibrationOptions& options) {
       cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
 
       // The same collectives inside a step: every rank runs the model's forward +
-      // backward (tp 1) and then a model-sized all-reduce and all-gather (ZeRO-1's
+      // backward and then a model-sized all-reduce and all-gather (ZeRO-1's
       // gradients and parameters), or gathers each layer's ZeRO-3 span before the
       // layer runs (twice: forward and recomputation), against the same without them.
       {
+        // The layout whose dp groups these are: the model at tp = N / g over the
+        // complementary groups (strided ranks), or at tp 1 when that tp does not fit.
         Comm& group = topo->tp();
-        const int64_t padded = (shape1.local_numel + g - 1) / g * g, part = padded / g;
+        const int model_tp = env.world_size / g;
+        std::unique_ptr<CausalLM> at_tp;
+        RankShape shape = shape1;
+        if (model_tp > 1 && model_tp <= model.config.num_heads) {
+          const TpPlan plan = build_plan(model.config, model_tp);
+          at_tp = std::make_unique<CausalLM>(model.config, plan, topo->dp(), torch::kFloat32);
+          at_tp->init_random(1);
+          shape = rank_shape(model.config, plan, topo->dp().rank());
+        }
+        CausalLM& lm = at_tp ? *at_tp : lm1;
+        auto step = [&] {
+          torch::AutoGradMode on(true);
+          lm.token_losses(ids1, ids1).sum().backward();
+        };
+        const int64_t padded = (shape.local_numel + g - 1) / g * g, part = padded / g;
         auto grads = torch::ones({padded}), share = torch::ones({part});
         const int round_calls = std::max(2, concurrent_calls / 2);
         const Extra dp = concurrent_extra(
-            step1,
+            step,
             [&] {
-              step1();
+              step();
               torch::NoGradGuard no_grad;
               group.all_reduce(grads);
               group.all_gather(share, 0);
             },
             round_calls);
-        concurrent_samples.push_back(dp.base_s);
+        if (!at_tp) concurrent_samples.push_back(dp.base_s);
         const double back_to_back = cal.all_reduce[g].seconds(4.0 * padded) + cal.all_gather[g].seconds(4.0 * padded);
         cal.step_collective_extra_s[g] = std::max(0.0, (dp.extra_s - back_to_back) / 2);
 
         std::vector<std::vector<int64_t>> sizes;
         std::vector<torch::Tensor> shares;
         double layer_back_to_back = 0;
-        for (const FlatRange& r : shape1.layer_ranges) {
+        for (const FlatRange& r : shape.layer_ranges) {
           std::vector<int64_t> extents;
           for (int k = 0; k < g; ++k)
             extents.push_back(std::max<int64_t>(0, std::min(r.end, (k + 1) * part) - std::max(r.begin, k * part)));
@@ -512,15 +528,15 @@ Calibration run_calibration(const CalibrationOptions& options) {
                                           [](int64_t) {}};
         const Extra layers = concurrent_extra(
             [&] {
-              lm1.set_layer_hooks(no_gather);
-              step1();
+              lm.set_layer_hooks(no_gather);
+              step();
             },
             [&] {
-              lm1.set_layer_hooks(gather);
-              step1();
+              lm.set_layer_hooks(gather);
+              step();
             },
             round_calls);
-        lm1.set_layer_hooks({});
+        lm.set_layer_hooks({});
         cal.layer_gather_extra_s[g] =
             std::max(0.0, (layers.extra_s - layer_back_to_back) / (2.0 * model.config.num_layers));
       }
