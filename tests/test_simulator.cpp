@@ -10,6 +10,7 @@
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/host_cpu.h"
+#include "autotp/zero/flat_layout.h"
 #include "simulator/simulator.h"
 #include "support/cli_runner.h"
 
@@ -163,6 +164,9 @@ TEST(SimulatorTime, ZeroThreeGathersPadToTheLargestShare) {
   // [5, 12) over 2 partitions of 10: shares 5 and 2, padded to 5 each.
   EXPECT_DOUBLE_EQ(zero3_gather_elements({5, 12}, 20, 2), 10);
   EXPECT_DOUBLE_EQ(zero3_gather_elements({0, 20}, 20, 2), 20);
+  // The shares themselves (the engine's gather sizes): 7 elements padded to 8 over 4 ranks.
+  EXPECT_EQ(FlatLayout::build({7}, 4, 3).range_shares(1, 7), (std::vector<int64_t>{1, 2, 2, 1}));
+  EXPECT_EQ(FlatLayout::build({20}, 2, 3).range_shares(5, 12), (std::vector<int64_t>{5, 2}));
   // The spans the engine gathers: each layer's parameters back to back, outer ones one by one.
   auto model = resolve_sim_model("preset:llama-tiny");
   for (int tp : {1, 2}) {

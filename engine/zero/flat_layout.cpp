@@ -1,5 +1,7 @@
 #include "autotp/zero/flat_layout.h"
 
+#include <algorithm>
+
 #include <c10/util/Exception.h>
 
 namespace autotp {
@@ -17,6 +19,14 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, int dp, int sta
   layout.padded = (layout.local_numel + dp - 1) / dp * dp;
   layout.part = stage == 0 ? layout.padded : layout.padded / dp;
   return layout;
+}
+
+std::vector<int64_t> FlatLayout::range_shares(int64_t begin, int64_t end) const {
+  std::vector<int64_t> shares;
+  shares.reserve(dp);
+  for (int r = 0; r < dp; ++r)
+    shares.push_back(std::max<int64_t>(0, std::min(end, part_offset(r) + part) - std::max(begin, part_offset(r))));
+  return shares;
 }
 
 FlatLayout FlatLayout::build(const std::vector<const ShardSpec*>& specs, int tp_rank, int dp, int stage) {

@@ -106,11 +106,7 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
 
 torch::Tensor ZeroOptimizer::gather_range(const torch::Tensor& part, int64_t begin, int64_t end) {
   // Each rank contributes the part of [begin, end) inside its own partition.
-  std::vector<int64_t> sizes;
-  for (int r = 0; r < topo_.dp_size(); ++r) {
-    int64_t lo = std::max(begin, r * part_numel_), hi = std::min(end, (r + 1) * part_numel_);
-    sizes.push_back(std::max<int64_t>(0, hi - lo));
-  }
+  const std::vector<int64_t> sizes = layout_.range_shares(begin, end);
   int64_t lo = std::max(begin, part_offset_);
   auto local = part.narrow(0, std::min(lo - part_offset_, part_numel_), sizes[topo_.dp_rank()]);
   return topo_.dp().all_gather(local.contiguous(), 0, sizes);

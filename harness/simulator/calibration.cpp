@@ -21,6 +21,7 @@
 #include "autotp/runtime/host_cpu.h"
 #include "autotp/runtime/json_file.h"
 #include "autotp/runtime/log.h"
+#include "autotp/zero/flat_layout.h"
 #include "simulator/cluster_catalog.h"
 #include "simulator/memory_model.h"
 #include "simulator/model_catalog.h"
@@ -493,8 +494,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
           torch::AutoGradMode on(true);
           lm.token_losses(ids1, ids1).sum().backward();
         };
-        const int64_t padded = (shape.local_numel + g - 1) / g * g, part = padded / g;
-        auto grads = torch::ones({padded}), share = torch::ones({part});
+        const FlatLayout flat = FlatLayout::build({shape.local_numel}, g, 3);  // the ZeRO-3 cut over the group
+        const int64_t padded = flat.padded;
+        auto grads = torch::ones({padded}), share = torch::ones({flat.part});
         const int round_calls = std::max(2, concurrent_calls / 2);
         const Extra dp = concurrent_extra(
             step,
@@ -513,9 +515,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
         std::vector<torch::Tensor> shares;
         double layer_back_to_back = 0;
         for (const FlatRange& r : shape.layer_ranges) {
-          std::vector<int64_t> extents;
-          for (int k = 0; k < g; ++k)
-            extents.push_back(std::max<int64_t>(0, std::min(r.end, (k + 1) * part) - std::max(r.begin, k * part)));
+          const std::vector<int64_t> extents = flat.range_shares(r.begin, r.end);
           shares.push_back(torch::ones({extents[group.rank()]}));
           sizes.push_back(extents);
           layer_back_to_back += 2 * cal.all_gather[g].seconds(4 * zero3_gather_elements(r, padded, g));

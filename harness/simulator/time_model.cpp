@@ -1,8 +1,10 @@
 #include "simulator/time_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autotp/model/param_layout.h"
+#include "autotp/zero/flat_layout.h"
 
 namespace autotp::sim {
 namespace {
@@ -104,11 +106,8 @@ double at_group(const std::map<int, double>& values, int n) {
 }  // namespace
 
 double zero3_gather_elements(const FlatRange& r, int64_t padded, int dp) {
-  const int64_t part = padded / dp;
-  int64_t most = 0;
-  for (int k = 0; k < dp; ++k)
-    most = std::max(most, std::min(r.end, (k + 1) * part) - std::max(r.begin, k * part));
-  return static_cast<double>(most) * dp;
+  const auto shares = FlatLayout::build({padded}, dp, 3).range_shares(r.begin, r.end);
+  return static_cast<double>(*std::max_element(shares.begin(), shares.end())) * dp;
 }
 
 nlohmann::json TimeEstimate::to_json() const {

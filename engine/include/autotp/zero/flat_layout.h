@@ -24,6 +24,9 @@ struct FlatLayout {
   static FlatLayout build(const std::vector<int64_t>& numels, int dp, int stage);
   // First element of dp rank `dp_rank`'s partition (0 at stage 0).
   int64_t part_offset(int dp_rank) const { return stage == 0 ? 0 : part * dp_rank; }
+  // Elements of the span [begin, end) inside each dp rank's partition (stage >= 1):
+  // what each rank contributes when the span is gathered.
+  std::vector<int64_t> range_shares(int64_t begin, int64_t end) const;
 };
 
 }  // namespace autotp
