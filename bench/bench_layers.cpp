@@ -136,21 +136,28 @@ BENCHMARK(BM_VocabCrossEntropyShard)->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kM
 
 // Causal attention forward + backward over one rank's heads (8 / tp query
 // heads reading 4 / tp kv heads); FLOP/s counts QK^T and PV over the full square.
+// Arg 1 selects the eager form (scores materialised) the fused kernel replaced.
 void BM_AttentionShard(benchmark::State& state) {
   at::set_num_threads(1);
   const int64_t tp = state.range(0), heads = kHeads / tp, kv_heads = kKvHeads / tp;
+  const bool eager = state.range(1) == 1;
   auto q = torch::randn({kBatch, heads, kSeq, kHeadDim}, torch::requires_grad());
   auto k = torch::randn({kBatch, kv_heads, kSeq, kHeadDim}, torch::requires_grad());
   auto v = torch::randn({kBatch, kv_heads, kSeq, kHeadDim}, torch::requires_grad());
   std::vector<int64_t> kv_index;
   for (int64_t h = 0; h < heads; ++h) kv_index.push_back(h / (kHeads / kKvHeads));
   for (auto _ : state) {
-    auto out = autotp::causal_attention(q, k, v, kv_index, 0.125);
+    auto out = eager ? autotp::causal_attention_eager(q, k, v, kv_index, 0.125)
+                     : autotp::causal_attention(q, k, v, kv_index, 0.125);
     out.sum().backward();
   }
   flops_counter(state, 3.0 * 2.0 * 2.0 * kBatch * heads * kSeq * kSeq * kHeadDim);
 }
-BENCHMARK(BM_AttentionShard)->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionShard)
+    ->ArgNames({"tp", "eager"})
+    ->ArgsProduct({{1, 2, 4}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // AdamW step over one flat fp32 buffer of llama-small's parameters / tp
 // (items/s = parameters updated).

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotp/io/safetensors.h"
+#include "autotp/runtime/device.h"
 #include "support/cli_runner.h"
 #include "support/model_fixtures.h"
 
@@ -163,7 +164,13 @@ TEST_F(CliScenario, BadScenarioExitsWithCode2) {
   s["backend"] = "nccl";
   r = run_cli("scenario " + write("nccl.json", s) + " --out " + dir_ + "/nccl");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("backend nccl"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("backend nccl needs device cuda"), std::string::npos) << r.output;
+  s["device"] = "cuda";
+  if (cuda_device_count() == 0) {
+    r = run_cli("scenario " + write("nccl.json", s) + " --out " + dir_ + "/nccl");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("device cuda: no GPU is visible here"), std::string::npos) << r.output;
+  }
   r = run_cli("scenario " + write("nccl.json", s) + " --list");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("tp2_z1"), std::string::npos) << r.output;

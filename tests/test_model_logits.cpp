@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "autotp/io/safetensors.h"
+#include "autotp/model/attention.h"
 #include "autotp/model/presets.h"
 #include "autotp/runtime/error.h"
 #include "support/model_fixtures.h"
@@ -63,6 +64,38 @@ INSTANTIATE_TEST_SUITE_P(
                       LogitsCase{"qwen2_qkv_bias", "qwen2-tiny", json::object()},
                       LogitsCase{"gpt2", "gpt2-tiny", json::object()}),
     [](const auto& info) { return info.param.name; });
+
+// The fused attention (scaled_dot_product_attention) against the eager form, values
+// and the gradients of q, k and v, for the kv layouts the engine produces: one kv
+// head per query head, grouped (GQA), and an uneven tp shard's mapping.
+TEST(Attention, FusedMatchesEagerValuesAndGradients) {
+  const std::vector<std::pair<int64_t, std::vector<int64_t>>> layouts = {
+      {4, {0, 1, 2, 3}}, {2, {0, 0, 1, 1}}, {2, {0, 1, 1}}};
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
+    for (const auto& [kv_heads, kv_index] : layouts) {
+      torch::manual_seed(3);
+      const int64_t B = 2, H = static_cast<int64_t>(kv_index.size()), T = 37, D = 16;
+      auto q = torch::randn({B, H, T, D}).to(dtype).requires_grad_(true);
+      auto k = torch::randn({B, kv_heads, T, D}).to(dtype).requires_grad_(true);
+      auto v = torch::randn({B, kv_heads, T, D}).to(dtype).requires_grad_(true);
+      auto weights = torch::randn({B, T, H * D});
+      auto fused = causal_attention(q, k, v, kv_index, 0.25);
+      auto fused_grads = torch::autograd::grad({(fused.to(torch::kFloat32) * weights).sum()}, {q, k, v});
+      auto eager = causal_attention_eager(q, k, v, kv_index, 0.25);
+      auto eager_grads = torch::autograd::grad({(eager.to(torch::kFloat32) * weights).sum()}, {q, k, v});
+      auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+        return (a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max().item<double>() /
+               b.to(torch::kFloat32).abs().max().item<double>();
+      };
+      const std::string where = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + " kv heads " +
+                                std::to_string(kv_heads) + " for " + std::to_string(H) + " query heads";
+      EXPECT_EQ(fused.sizes(), eager.sizes()) << where;
+      EXPECT_LT(rel(fused, eager), tolerance) << where;
+      for (int i = 0; i < 3; ++i) EXPECT_LT(rel(fused_grads[i], eager_grads[i]), tolerance) << where << " grad " << i;
+    }
+  }
+}
 
 TEST(ModelLoading, AcceptsCheckpointWithoutBasePrefixAndSkipsBuffers) {
   json config = test::preset_config("gpt2-tiny");

@@ -22,7 +22,7 @@ using autotp::ShardSpec;
 using autotp::test::worker_expect_close;
 using autotp::test::worker_expect_equal;
 
-constexpr double kRtol = 1e-6;
+constexpr double kRtol = 1e-5;  // the parity contract (summation order differs between kernels)
 constexpr double kAtol = 1e-6;
 constexpr int64_t kIgnore = -100;
 

@@ -145,8 +145,11 @@ TEST_F(ScenarioSpecTest, InvalidCombinationsOfExplicitVariantsAreErrors) {
   j["variants"][0]["overrides"] = {{"train_batch_size", 16}};
   EXPECT_NE(error(j).find("global batch 16 differs from baseline 'baseline' (8)"), std::string::npos) << error(j);
   j = base();
-  j["variants"][0]["dtype"] = "fp16";
-  EXPECT_NE(error(j).find("fp16 needs CUDA tensors"), std::string::npos) << error(j);
+  j["device"] = "tpu";
+  EXPECT_EQ(error(j), "s.json: device is \"tpu\" (allowed: cpu, cuda)");
+  j = base();
+  j["backend"] = "nccl";
+  EXPECT_EQ(error(j), "s.json: backend nccl needs device cuda (NCCL moves CUDA tensors)");
   j = base();
   j["variants"][0]["dtype"] = "int8";
   EXPECT_EQ(error(j), "s.json: variants[0].dtype is \"int8\" (allowed: fp32, bf16, fp16)");

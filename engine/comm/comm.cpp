@@ -32,12 +32,12 @@ std::string error_text(const std::exception& error) {
   return error.what();
 }
 
-// Gloo in LibTorch 1.13 handles only float, double, half, int8, uint8, int32
-// and int64. bfloat16 reductions run in fp32 (also more accurate); broadcast and
-// all_gather only move bytes, so other types travel as a supported type of the
-// same width.
-torch::Tensor reduction_buffer(const torch::Tensor& tensor) {
-  if (tensor.scalar_type() == torch::kBFloat16) return tensor.to(torch::kFloat32);
+// On Gloo bfloat16 reductions run in fp32 (more accurate, and the shared-memory
+// transport sums fp32); NCCL reduces bfloat16 natively. Broadcast and all_gather
+// only move bytes, so other types travel as a type of the same width that every
+// backend handles.
+torch::Tensor reduction_buffer(const torch::Tensor& tensor, bool nccl) {
+  if (tensor.scalar_type() == torch::kBFloat16 && !nccl) return tensor.to(torch::kFloat32);
   return tensor.contiguous();
 }
 torch::Tensor movement_view(const torch::Tensor& tensor) {
@@ -93,8 +93,9 @@ void Comm::fail(const char* op, const std::exception& error) const {
                                        name_, rank_, size_, fmt::join(global_ranks_, ", "), error_text(error)));
 }
 
-Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name)
-    : group_(std::move(group)), global_ranks_(std::move(global_ranks)), name_(std::move(name)) {
+Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name,
+           Backend backend)
+    : group_(std::move(group)), global_ranks_(std::move(global_ranks)), name_(std::move(name)), backend_(backend) {
   if (group_) {
     rank_ = group_->getRank();
     size_ = group_->getSize();
@@ -135,8 +136,8 @@ void Comm::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 void Comm::all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name) {
   if (tensor.numel() == 0) return;
   torch::NoGradGuard no_grad;
-  torch::Tensor buffer = reduction_buffer(tensor);
-  if (shm_) {
+  torch::Tensor buffer = reduction_buffer(tensor, on_nccl(tensor));
+  if (shm_ && !tensor.is_cuda()) {
     try {
       shm_->all_reduce(buffer, op);
     } catch (const std::exception& error) {
@@ -213,7 +214,14 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
   stacked_shape.insert(stacked_shape.begin(), size_);
   torch::Tensor stacked = torch::empty(stacked_shape, local.options());
   const bool even = std::all_of(extents.begin(), extents.end(), [&](int64_t e) { return e == max_extent; });
-  run(
+  if (on_nccl(local)) {
+    // NCCL gathers into one buffer; its work is ordered on the stream, nothing to settle.
+    run("all_gather", [&] {
+      at::Tensor out = movement_view(stacked), in = movement_view(input);
+      return group_->_allgather_base(out, in);
+    });
+  } else {
+    run(
       "all_gather",
       [&] {
         std::vector<std::vector<at::Tensor>> outputs(1);
@@ -221,7 +229,8 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
         std::vector<at::Tensor> inputs{movement_view(input)};
         return group_->allgather(outputs, inputs);
       },
-      /*settle=*/!(dim == 0 && even));
+        /*settle=*/!(dim == 0 && even));
+  }
   if (dim == 0 && even) return stacked.view(gathered_shape);
   std::vector<torch::Tensor> blocks;
   blocks.reserve(size_);
@@ -248,8 +257,8 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
 
   torch::NoGradGuard no_grad;
   Stopwatch timed(stats_.seconds);
-  // LibTorch 1.13's ProcessGroupGloo implements neither reduce_scatter nor
-  // _reduce_scatter_base. An all-to-all moves exactly a reduce-scatter's
+  if (on_nccl(full)) return reduce_scatter_nccl(full, extents);
+  // Gloo's reduce_scatter all-reduces the whole tensor. An all-to-all moves exactly a reduce-scatter's
   // traffic: rank r sends rows of chunk q to rank q and receives every rank's
   // copy of chunk r, then sums them in rank order. Types Gloo cannot add travel
   // as bytes here, and the sum runs in fp32 for bfloat16 (as all_reduce does).
@@ -279,8 +288,45 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
   return low_precision ? result.to(full.scalar_type()) : result;
 }
 
+// NCCL's reduce-scatter takes equal chunks: uneven ones are padded to the
+// largest (zeros add nothing) and this rank's rows cut back out.
+torch::Tensor Comm::reduce_scatter_nccl(const torch::Tensor& full, const std::vector<int64_t>& extents) {
+  const int64_t max_extent = *std::max_element(extents.begin(), extents.end());
+  std::vector<int64_t> chunk_shape = full.sizes().vec();
+  chunk_shape[0] = max_extent;
+  torch::Tensor input = full.contiguous();
+  if (std::any_of(extents.begin(), extents.end(), [&](int64_t e) { return e != max_extent; })) {
+    std::vector<int64_t> padded_shape = chunk_shape;
+    padded_shape[0] = max_extent * size_;
+    input = torch::zeros(padded_shape, full.options());
+    int64_t row = 0;
+    for (int r = 0; r < size_; ++r) {
+      input.narrow(0, r * max_extent, extents[r]).copy_(full.narrow(0, row, extents[r]));
+      row += extents[r];
+    }
+  }
+  torch::Tensor output = torch::empty(chunk_shape, full.options());
+  if (output.numel() > 0) {
+    run("reduce_scatter", [&] {
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = c10d::ReduceOp::SUM;
+      return group_->_reduce_scatter_base(output, input, options);
+    });
+  }
+  return output.narrow(0, 0, extents[rank_]);
+}
+
 void Comm::barrier() {
   if (size_ == 1) return;
+  if (backend_ == Backend::kNccl) {
+    // NCCL's barrier guesses a device from the rank; a CPU all-reduce (Gloo) needs none.
+    auto token = torch::zeros({1}, torch::kInt32);
+    run("barrier", [&] {
+      std::vector<at::Tensor> tensors{token};
+      return group_->allreduce(tensors);
+    });
+    return;
+  }
   run("barrier", [&] { return group_->barrier(); });
 }
 

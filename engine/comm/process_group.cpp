@@ -103,15 +103,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(Backend backend,
                                                             int size, std::chrono::milliseconds timeout) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "create_process_group: rank ", rank,
               " is not in a group of size ", size);
-  if (backend == Backend::kNccl) {
-#ifdef USE_C10D_NCCL
-    auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
-#else
-    throw UserError("ProcessGroupNCCL is not available in this LibTorch build (use backend gloo)");
-#endif
-  }
+  // Since LibTorch 2.0 Gloo and NCCL are c10d::Backends; a ProcessGroup
+  // dispatches each op to the backend registered for its tensors' device.
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  // Gloo serves CPU tensors in every group (with NCCL: the small control
+  // traffic, data hashes, token counts, metrics) and, without NCCL, CUDA
+  // tensors too (staged through host memory), so several ranks can share a GPU.
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   // Loopback by default (the local launcher's worlds); GLOO_SOCKET_IFNAME picks
   // a real interface for multi-host Gloo, as in PyTorch.
@@ -120,7 +117,27 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(Backend backend,
   } else {
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   }
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+  const bool nccl = backend == Backend::kNccl;
+  if (nccl && torch::cuda::device_count() == 0)
+    throw UserError("backend nccl needs a GPU, and none is visible to this process (use backend gloo)");
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(nccl ? prefix_store("cpu", store) : store, rank, size,
+                                                          options);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  if (!nccl) {
+    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    return group;
+  }
+#ifdef USE_C10D_NCCL
+  auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+  nccl_options->timeout = timeout;
+  auto nccl_backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix_store("cuda", store), rank, size, nccl_options);
+  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl_backend);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  return group;
+#else
+  throw UserError("ProcessGroupNCCL is not available in this LibTorch build (use backend gloo)");
+#endif
 }
 
 }  // namespace autotp

@@ -120,7 +120,7 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
   std::vector<int> all(world_size);
   for (int r = 0; r < world_size; ++r) all[r] = r;
   auto world_group = open_group(options, store, "world", rank, world_size, rank);
-  topology->world_ = std::make_unique<Comm>(world_group, all, "world");
+  topology->world_ = std::make_unique<Comm>(world_group, all, "world", options.backend);
   attach_shared_memory(*topology->world_, options, store, "world");
 
   // A tp (dp) group that spans the world reuses the world's process group
@@ -129,23 +129,23 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
     topology->tp_ = solo(rank, "tp");
   } else if (tp_size == world_size) {
     // Shares the world's group, so it shares the world's transport too.
-    topology->tp_ = std::make_unique<Comm>(world_group, all, "tp");
+    topology->tp_ = std::make_unique<Comm>(world_group, all, "tp", options.backend);
     if (topology->world_->uses_shared_memory()) topology->tp_->use_shared_memory(topology->world_->shared_memory());
   } else {
     const std::string prefix = fmt::format("tp/{}", dp_rank);
     auto group = open_group(options, store, prefix, tp_rank, tp_size, rank);
-    topology->tp_ = std::make_unique<Comm>(group, tp_group_ranks(rank, world_size, tp_size), "tp");
+    topology->tp_ = std::make_unique<Comm>(group, tp_group_ranks(rank, world_size, tp_size), "tp", options.backend);
     attach_shared_memory(*topology->tp_, options, store, prefix);
   }
   if (dp_size == 1) {
     topology->dp_ = solo(rank, "dp");
   } else if (dp_size == world_size) {
-    topology->dp_ = std::make_unique<Comm>(world_group, all, "dp");
+    topology->dp_ = std::make_unique<Comm>(world_group, all, "dp", options.backend);
     if (topology->world_->uses_shared_memory()) topology->dp_->use_shared_memory(topology->world_->shared_memory());
   } else {
     const std::string prefix = fmt::format("dp/{}", tp_rank);
     auto group = open_group(options, store, prefix, dp_rank, dp_size, rank);
-    topology->dp_ = std::make_unique<Comm>(group, dp_group_ranks(rank, world_size, tp_size), "dp");
+    topology->dp_ = std::make_unique<Comm>(group, dp_group_ranks(rank, world_size, tp_size), "dp", options.backend);
     attach_shared_memory(*topology->dp_, options, store, prefix);
   }
   log().debug("topology: rank {} of {} -> dp {} of {}, tp {} of {}, shared-memory all-reduce {}", rank, world_size,

@@ -7,15 +7,39 @@ namespace autotp {
 namespace {
 
 // [T, T]: 0 on and below the diagonal, -inf above (future positions). Built
-// once per length and dtype per thread: every layer of every step reuses it.
-const torch::Tensor& causal_bias(int64_t T, torch::ScalarType dtype) {
-  thread_local std::map<std::pair<int64_t, int>, torch::Tensor> cache;
-  auto& bias = cache[{T, static_cast<int>(dtype)}];
+// once per length, dtype and device per thread: every layer of every step reuses it.
+const torch::Tensor& causal_bias(int64_t T, torch::ScalarType dtype, const torch::Device& device) {
+  thread_local std::map<std::tuple<int64_t, int, std::string>, torch::Tensor> cache;
+  auto& bias = cache[{T, static_cast<int>(dtype), device.str()}];
   if (!bias.defined()) {
     torch::NoGradGuard no_grad;
-    bias = torch::full({T, T}, -std::numeric_limits<float>::infinity(), torch::TensorOptions().dtype(dtype)).triu(1);
+    bias = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
+                       torch::TensorOptions().dtype(dtype).device(device))
+               .triu(1);
   }
   return bias;
+}
+
+bool is_identity(const std::vector<int64_t>& kv_index, int64_t kv_heads) {
+  if (static_cast<int64_t>(kv_index.size()) != kv_heads) return false;
+  for (size_t i = 0; i < kv_index.size(); ++i)
+    if (kv_index[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+// Query head h reads kv head h / (Hq / Hkv): the layout SDPA's enable_gqa serves.
+bool is_grouped(const std::vector<int64_t>& kv_index, int64_t kv_heads) {
+  const auto heads = static_cast<int64_t>(kv_index.size());
+  if (kv_heads == 0 || heads % kv_heads != 0) return false;
+  const int64_t group = heads / kv_heads;
+  for (int64_t h = 0; h < heads; ++h)
+    if (kv_index[h] != h / group) return false;
+  return true;
+}
+
+// k or v with one head per query head (kv_index picks which).
+torch::Tensor select_heads(const torch::Tensor& t, const std::vector<int64_t>& kv_index) {
+  return t.index_select(1, torch::tensor(kv_index, torch::TensorOptions().dtype(torch::kLong).device(t.device())));
 }
 
 }  // namespace
@@ -23,19 +47,29 @@ const torch::Tensor& causal_bias(int64_t T, torch::ScalarType dtype) {
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const std::vector<int64_t>& kv_index, double scale) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
-  bool identity = static_cast<int64_t>(kv_index.size()) == k.size(1);
-  for (size_t i = 0; identity && i < kv_index.size(); ++i) identity = kv_index[i] == static_cast<int64_t>(i);
   torch::Tensor k_sel = k, v_sel = v;
-  if (!identity) {
-    auto index = torch::tensor(kv_index, torch::kLong);
-    k_sel = k.index_select(1, index);
-    v_sel = v.index_select(1, index);
+  bool gqa = false;
+  if (!is_identity(kv_index, k.size(1))) {
+    // CUDA's fused kernels read shared kv heads in place; LibTorch 2.11's CPU
+    // enable_gqa path measured slower than expanding the heads first.
+    gqa = q.is_cuda() && is_grouped(kv_index, k.size(1));
+    if (!gqa) k_sel = select_heads(k, kv_index), v_sel = select_heads(v, kv_index);
   }
+  auto out = at::scaled_dot_product_attention(q, k_sel, v_sel, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                              /*is_causal=*/true, scale, gqa);
+  return out.transpose(1, 2).reshape({B, T, H * D});
+}
+
+torch::Tensor causal_attention_eager(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const std::vector<int64_t>& kv_index, double scale) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  torch::Tensor k_sel = k, v_sel = v;
+  if (!is_identity(kv_index, k.size(1))) k_sel = select_heads(k, kv_index), v_sel = select_heads(v, kv_index);
   // One batched GEMM gives scale * q k^T with the mask already added (no
   // separate scaling and masking passes over the [T, T] scores, forward or backward).
   auto q3 = q.reshape({B * H, T, D}), k3 = k_sel.reshape({B * H, T, D}), v3 = v_sel.reshape({B * H, T, D});
-  auto scores = at::baddbmm(causal_bias(T, q.scalar_type()).expand({B * H, T, T}), q3, k3.transpose(1, 2),
-                            /*beta=*/1.0, /*alpha=*/scale);
+  auto scores = at::baddbmm(causal_bias(T, q.scalar_type(), q.device()).expand({B * H, T, T}), q3,
+                            k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
   auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   auto out = torch::bmm(probs, v3).view({B, H, T, D});
   return out.transpose(1, 2).reshape({B, T, H * D});

@@ -130,14 +130,14 @@ LocalHeads local_heads(const ModelConfig& c, const ShardSpec& q_spec, int tp_ran
   return h;
 }
 
-CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype)
-    : config_(std::move(config)), plan_(std::move(plan)), tp_(tp), dtype_(dtype) {
+CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype, torch::Device device)
+    : config_(std::move(config)), plan_(std::move(plan)), tp_(tp), dtype_(dtype), device_(device) {
   TORCH_CHECK(plan_.tp_size() == tp_.size(), "CausalLM: plan is for tp ", plan_.tp_size(), " but the tp group has ",
               tp_.size(), " ranks");
   for (const auto& e : plan_.entries()) {
     Parameter p;
     p.entry = &e;
-    p.tensor = torch::empty(e.spec.local_shape(tp_.rank()), torch::TensorOptions().dtype(dtype_));
+    p.tensor = torch::empty(e.spec.local_shape(tp_.rank()), torch::TensorOptions().dtype(dtype_).device(device_));
     p.tensor.requires_grad_(true);
     index_[e.desc.name] = params_.size();
     params_.push_back(std::move(p));
@@ -322,15 +322,17 @@ torch::Tensor CausalLM::lm_head_logits(const torch::Tensor& hidden) {
   return torch::matmul(copy_to_tp(hidden, tp_), head.tensor.t());
 }
 
-torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids) {
-  TORCH_CHECK(input_ids.dim() == 2, "CausalLM: input_ids must be [batch, seq], got ", input_ids.sizes());
+torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
+  TORCH_CHECK(input_ids_in.dim() == 2, "CausalLM: input_ids must be [batch, seq], got ", input_ids_in.sizes());
+  const torch::Tensor input_ids = input_ids_in.to(device_);
+  const auto on_device = torch::TensorOptions().device(device_);
   const int64_t T = input_ids.size(1);
   AUTOTP_USER_CHECK(T <= config_.max_positions, "sequence length {} exceeds the model's {} positions", T,
                     config_.max_positions);
   checkpoint_fns_.clear();  // the previous step's backward is done
   auto x = embed(input_ids);
   if (config_.family == ModelFamily::kGpt2) {
-    x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, torch::kLong)).unsqueeze(0);
+    x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, on_device.dtype(torch::kLong))).unsqueeze(0);
     for (int64_t l = 0; l < config_.num_layers; ++l)
       x = run_layer(l, x, [this, l](const torch::Tensor& in) { return gpt2_layer(l, in); });
     const int64_t H = x.size(-1);
@@ -341,9 +343,9 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids) {
   }
   // Rotary tables in fp32 as HF computes them, then cast to the activation dtype.
   const int64_t D = config_.head_dim;
-  auto exponent = torch::arange(0, D, 2, torch::kLong).to(torch::kFloat32) / static_cast<double>(D);
+  auto exponent = torch::arange(0, D, 2, on_device.dtype(torch::kLong)).to(torch::kFloat32) / static_cast<double>(D);
   auto inv_freq = 1.0 / torch::pow(config_.rope_theta, exponent);
-  auto positions = torch::arange(T, torch::kLong).to(torch::kFloat32);
+  auto positions = torch::arange(T, on_device.dtype(torch::kLong)).to(torch::kFloat32);
   auto freqs = torch::matmul(inv_freq.view({-1, 1}), positions.view({1, -1})).t();  // [T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos().to(dtype_).view({1, 1, T, D}), sin = emb.sin().to(dtype_).view({1, 1, T, D});
@@ -362,7 +364,8 @@ torch::Tensor CausalLM::losses_from_logits(const torch::Tensor& local_logits, co
   const Parameter& head = head_param(params_, config_.tie_word_embeddings);
   Comm& comm = is_split(*head.entry) ? tp_ : self_comm();
   auto flat = local_logits.reshape({-1, local_logits.size(-1)});
-  return vocab_parallel_cross_entropy(flat, targets.reshape({-1}), vocab_start(), comm).view(targets.sizes());
+  return vocab_parallel_cross_entropy(flat, targets.to(local_logits.device()).reshape({-1}), vocab_start(), comm)
+      .view(targets.sizes());
 }
 
 torch::Tensor CausalLM::full_logits(const torch::Tensor& input_ids) {

@@ -58,6 +58,17 @@ std::vector<Preset> make_presets() {
                   llama_config("LlamaForCausalLM", 259, 96, 202, 2, 6, 2, true, "llama")});
   list.push_back({"llama-small", "Llama large enough that a step is compute-bound (hidden 512, 4 layers, GQA 8/4)",
                   llama_config("LlamaForCausalLM", 8000, 512, 1376, 4, 8, 4, false, "llama")});
+  // Llama-3.2-1B's shapes (its llama3 rope scaling left out: the shapes are what
+  // GPU benchmarks need): 1.24 B parameters, vocab 128256, tied head.
+  json llama_1b = llama_config("LlamaForCausalLM", 128256, 2048, 8192, 16, 32, 8, true, "llama");
+  llama_1b["max_position_embeddings"] = 8192;
+  llama_1b["rope_theta"] = 500000.0;
+  llama_1b["rms_norm_eps"] = 1e-5;
+  llama_1b["bos_token_id"] = 128000;
+  llama_1b["eos_token_id"] = 128001;
+  llama_1b["torch_dtype"] = "bfloat16";
+  list.push_back({"llama-1b", "Llama-3.2-1B shapes (hidden 2048, 16 layers, GQA 32/8, vocab 128256): GPU benchmarks",
+                  llama_1b});
   json qwen = llama_config("Qwen2ForCausalLM", 259, 64, 176, 2, 4, 2, true, "qwen2");
   qwen.erase("attention_bias");
   qwen["use_sliding_window"] = false;
@@ -119,8 +130,9 @@ ModelSource resolve_model(const std::string& arg) {
 }
 
 std::unique_ptr<CausalLM> load_model(const ModelSource& source, const TpPlan& plan, Comm& tp,
-                                     torch::ScalarType dtype, uint64_t seed, LoadReport* report) {
-  auto model = std::make_unique<CausalLM>(source.config, plan, tp, dtype);
+                                     torch::ScalarType dtype, uint64_t seed, LoadReport* report,
+                                     torch::Device device) {
+  auto model = std::make_unique<CausalLM>(source.config, plan, tp, dtype, device);
   if (source.dir) {
     auto checkpoint = io::CheckpointReader::open(*source.dir);
     LoadReport r = model->load(checkpoint);

@@ -6,12 +6,13 @@
 
 namespace autotp {
 
-FlatOptimizer::FlatOptimizer(const OptimizerConfig& config, int64_t numel) : config_(config) {
+FlatOptimizer::FlatOptimizer(const OptimizerConfig& config, int64_t numel, torch::Device device) : config_(config) {
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   if (config_.type == "SGD") {
-    if (config_.momentum != 0) momentum_ = torch::zeros({numel}, torch::kFloat32);
+    if (config_.momentum != 0) momentum_ = torch::zeros({numel}, fp32);
   } else if (config_.type == "AdamW" || config_.type == "Adam") {
-    exp_avg_ = torch::zeros({numel}, torch::kFloat32);
-    exp_avg_sq_ = torch::zeros({numel}, torch::kFloat32);
+    exp_avg_ = torch::zeros({numel}, fp32);
+    exp_avg_sq_ = torch::zeros({numel}, fp32);
   } else {
     throw_user_error("optimizer.type '{}' is not supported (allowed: AdamW, Adam, SGD)", config_.type);
   }

@@ -39,7 +39,7 @@ void release(void* data) {
 
 class CountingAllocator : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) override {
     void* data = c10::alloc_cpu(bytes);
     {
       std::lock_guard<std::mutex> lock(g_mutex);
@@ -52,6 +52,9 @@ class CountingAllocator : public c10::Allocator {
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 };
 
 }  // namespace

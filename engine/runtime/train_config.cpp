@@ -139,7 +139,9 @@ const std::vector<std::string> kTopKeys = {"train_batch_size",
                                            "activation_checkpointing",
                                            "seed",
                                            "steps_per_print",
-                                           "wall_clock_breakdown"};
+                                           "wall_clock_breakdown",
+                                           "device"};
+const std::vector<std::string> kDevices = {"cpu", "cuda", "auto"};
 const std::vector<std::string> kOptimizerTypes = {"AdamW", "Adam", "SGD"};
 const std::vector<std::string> kAdamParams = {"lr", "betas", "eps", "weight_decay", "adam_w_mode"};
 const std::vector<std::string> kSgdParams = {"lr", "momentum", "weight_decay"};
@@ -353,6 +355,9 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   c.steps_per_print = top.integer("steps_per_print", c.steps_per_print);
   top.check(c.steps_per_print >= 1, "steps_per_print", "an integer >= 1");
   c.wall_clock_breakdown = top.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
+  c.device = top.string("device", c.device);
+  top.check(std::find(kDevices.begin(), kDevices.end(), c.device) != kDevices.end(), "device",
+            "one of cpu, cuda, auto");
   return c;
 }
 
@@ -466,6 +471,7 @@ json TrainConfig::to_json() const {
   j["seed"] = seed;
   j["steps_per_print"] = steps_per_print;
   j["wall_clock_breakdown"] = wall_clock_breakdown;
+  j["device"] = device;
   return j;
 }
 

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include "autotp/optim/lr_schedule.h"
+#include "autotp/runtime/device.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
 #include "autotp/runtime/memory_counter.h"
@@ -23,20 +24,21 @@ nlohmann::json StepMetrics::to_json() const {
                       {"memory", {{"model_states", model_states.to_json()},
                                   {"model_states_analytic", model_states_analytic.to_json()},
                                   {"peak_rss_bytes", peak_rss_bytes},
+                                  {"device", memory_device},
                                   {"allocated_bytes", allocated_bytes},
                                   {"peak_allocated_bytes", peak_allocated_bytes},
                                   {"activations_peak_bytes", activations_peak_bytes}}}};
+  if (memory_device == "cuda") {
+    j["memory"]["reserved_bytes"] = reserved_bytes;
+    j["memory"]["peak_reserved_bytes"] = peak_reserved_bytes;
+  }
   if (loss_scale != 1) j["loss_scale"] = loss_scale;
   return j;
 }
 
 torch::ScalarType training_dtype(const TrainConfig& config) {
   if (config.bf16) return torch::kBFloat16;
-  // LibTorch's CPU kernels have no float16 matmul; the engine runs on CPU tensors today.
-  AUTOTP_USER_CHECK(!config.fp16.enabled,
-                    "fp16.enabled needs CUDA tensors (LibTorch has no float16 matmul on CPU); use bf16.enabled on "
-                    "CPU");
-  return torch::kFloat32;
+  return config.fp16.enabled ? torch::kFloat16 : torch::kFloat32;
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::unique_ptr<CausalLM> model,
@@ -97,10 +99,15 @@ StepMetrics Trainer::train_step() {
 }
 
 StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
-  auto start = std::chrono::steady_clock::now();
+  const torch::Device device = model_->device();
+  const bool cuda = device.is_cuda();
+  // CUDA events on a GPU (its work is asynchronous), the host clock on CPU.
+  StepClock clock(device);
+  clock.mark();
   const HostCpuTimes cpu_at_start = host_cpu_times();
   reset_memory_peak();
-  const int64_t at_start = memory_counts().current;
+  reset_cuda_peak(device);
+  const int64_t at_start = cuda ? cuda_memory(device).allocated : memory_counts().current;
   TORCH_CHECK(static_cast<int64_t>(micro_batches.size()) == config_.gradient_accumulation_steps,
               "Trainer::train_step: expected ", config_.gradient_accumulation_steps, " micro-batches, got ",
               micro_batches.size());
@@ -124,7 +131,7 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
     (sum * (scale / total_tokens)).backward();
     optimizer_->after_backward();
   }
-  auto backward_done = std::chrono::steady_clock::now();
+  clock.mark();
   // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
   const double lr = learning_rate(config_.scheduler, config_.optimizer.lr, applied_steps_);
   StepOutcome outcome = optimizer_->step(lr);
@@ -132,6 +139,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   auto loss = torch::tensor({loss_sum}, torch::kFloat64);
   topology_->dp().all_reduce(loss);
   ++steps_done_;
+  clock.mark();
+  const std::vector<double> phases = clock.seconds();  // waits for the GPU
 
   StepMetrics m;
   m.step = steps_done_;
@@ -141,10 +150,10 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.loss_scale = config_.fp16.enabled ? outcome.loss_scale : 1;
   m.skipped = outcome.skipped;
   m.tokens = static_cast<int64_t>(total_tokens);
-  m.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  m.forward_backward_s = phases[0];
+  m.optimizer_s = phases[1];
+  m.step_time_s = m.forward_backward_s + m.optimizer_s;
   m.tokens_per_s = total_tokens / m.step_time_s;
-  m.forward_backward_s = std::chrono::duration<double>(backward_done - start).count();
-  m.optimizer_s = m.step_time_s - m.forward_backward_s;
   const HostCpuTimes cpu_at_end = host_cpu_times();
   m.host_cpu = {cpu_at_end.busy_s - cpu_at_start.busy_s, cpu_at_end.steal_s - cpu_at_start.steal_s};
   m.model_states = optimizer_->model_state_bytes();
@@ -154,7 +163,15 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   m.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
-  if (memory_counter_installed()) {
+  if (cuda) {
+    const DeviceMemory gpu = cuda_memory(device);
+    m.memory_device = "cuda";
+    m.allocated_bytes = gpu.allocated;
+    m.peak_allocated_bytes = gpu.peak_allocated;
+    m.activations_peak_bytes = gpu.peak_allocated - at_start;
+    m.reserved_bytes = gpu.reserved;
+    m.peak_reserved_bytes = gpu.peak_reserved;
+  } else if (memory_counter_installed()) {
     auto counts = memory_counts();
     m.allocated_bytes = counts.current;
     m.peak_allocated_bytes = counts.peak;

@@ -59,8 +59,8 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
   part_numel_ = layout_.part;
   part_offset_ = layout_.part_offset(topo_.dp_rank());
 
-  auto flat = torch::zeros({padded_}, torch::TensorOptions().dtype(low_));
-  owned_mask_ = torch::zeros({padded_}, torch::kFloat32);
+  auto flat = torch::zeros({padded_}, low_options());
+  owned_mask_ = torch::zeros({padded_}, low_options().dtype(torch::kFloat32));
   for (size_t i = 0; i < model_.parameters().size(); ++i) {
     auto& p = model_.parameters()[i];
     flat.narrow(0, offsets_[i], p.tensor.numel()).copy_(p.tensor.reshape({-1}));
@@ -83,7 +83,7 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
   } else {
     master_ = partition(flat_params_);
   }
-  optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, part_numel_);
+  optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, part_numel_, model_.device());
   if (fp16_.enabled) {
     loss_scale_ = fp16_.loss_scale > 0 ? fp16_.loss_scale : std::pow(2.0, fp16_.initial_scale_power);
     hysteresis_left_ = fp16_.hysteresis;
@@ -128,7 +128,7 @@ void ZeroOptimizer::gather_layer(int64_t layer) {
 
 void ZeroOptimizer::release_layer(int64_t layer) {
   for (size_t i : layer_params_.at(layer))
-    model_.parameters()[i].tensor.set_data(torch::empty({0}, torch::TensorOptions().dtype(low_)));
+    model_.parameters()[i].tensor.set_data(torch::empty({0}, low_options()));
 }
 
 void ZeroOptimizer::gather_all_params() {
@@ -157,7 +157,7 @@ void ZeroOptimizer::bind_params(const torch::Tensor& flat) {
 
 void ZeroOptimizer::release_params() {
   // Stage 3: the parameters keep their identity (autograd) but lose their storage.
-  for (auto& p : model_.parameters()) p.tensor.set_data(torch::empty({0}, torch::TensorOptions().dtype(low_)));
+  for (auto& p : model_.parameters()) p.tensor.set_data(torch::empty({0}, low_options()));
   flat_params_ = torch::Tensor();
 }
 
@@ -184,12 +184,12 @@ void ZeroOptimizer::begin_step() {
     }
   }
   if (!flat_grads_.defined())
-    bind_grads(torch::zeros({padded_}, torch::TensorOptions().dtype(low_)));
+    bind_grads(torch::zeros({padded_}, low_options()));
   else
     flat_grads_.zero_();
   if (mixed_) {
     if (!grad_accum_.defined())
-      grad_accum_ = torch::zeros({padded_}, torch::kFloat32);
+      grad_accum_ = torch::zeros({padded_}, low_options().dtype(torch::kFloat32));
     else
       grad_accum_.zero_();
   }

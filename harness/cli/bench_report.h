@@ -16,6 +16,7 @@ class BenchReport {
   explicit BenchReport(const std::string& benchmark);
   void add(nlohmann::json row) { rows_.push_back(std::move(row)); }
   size_t size() const { return rows_.size(); }
+  nlohmann::json& rows() { return rows_; }
   nlohmann::json to_json() const;
   void write(const std::string& path) const;  // atomically (temporary name + rename)
 

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "autotp/comm/dist_env.h"
+#include "autotp/runtime/device.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
 #include "autotp/runtime/memory_counter.h"
@@ -25,6 +26,30 @@ void add_world_options(CLI::App& command, WorldOptions& options) {
       ->check(CLI::PositiveNumber);
 }
 
+void add_device_options(CLI::App& command, WorldOptions& options) {
+  command.add_option("--device", options.device,
+                     "cpu, cuda or auto (default: the config's \"device\", else auto = cuda when every local rank "
+                     "has a GPU of its own)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  command.add_option("--backend", options.backend,
+                     "Collectives of CUDA tensors: nccl (one rank per GPU) or gloo (ranks may share a GPU); "
+                     "default nccl on cuda. CPU tensors always use Gloo")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+}
+
+Placement place_rank(const WorldOptions& options, const std::string& config_device) {
+  DistEnv env = DistEnv::from_environment();
+  const DeviceKind kind = parse_device(options.device.empty() ? config_device : options.device);
+  Backend backend = options.backend.empty() ? Backend::kNccl : parse_backend(options.backend);
+  const bool shared = backend == Backend::kGloo;
+  Placement placement;
+  placement.device = bind_device(kind, env.local_rank, env.local_world_size, shared);
+  placement.backend = placement.device.is_cuda() ? backend : Backend::kGloo;
+  AUTOTP_USER_CHECK(placement.device.is_cuda() || options.backend != "nccl",
+                    "--backend nccl needs device cuda (NCCL moves CUDA tensors only); this rank runs on cpu");
+  return placement;
+}
+
 int maybe_launch(const WorldOptions& options) {
   if (options.nproc <= 1 || launcher::in_distributed_world()) return -1;
   launcher::LaunchOptions launch;
@@ -37,7 +62,7 @@ int maybe_launch(const WorldOptions& options) {
   return result.exit_code;
 }
 
-std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size) {
+std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend) {
   DistEnv env = DistEnv::from_environment();
   init_logging(LogOptions{env.rank});
   int threads = options.threads > 0 ? options.threads : env.threads;
@@ -45,6 +70,7 @@ std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size) {
   set_blas_threads(threads);
   TopologyOptions topo;
   topo.tp_size = tp_size;
+  topo.backend = backend;
   topo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   if (env.world_size == 1) {
     AUTOTP_USER_CHECK(tp_size == 1, "autotp_size {} does not fit a world of 1 process (use --nproc {})", tp_size,

@@ -18,8 +18,20 @@ struct WorldOptions {
   int nproc = 1;            // local ranks to spawn (ignored inside an existing world)
   int threads = 0;          // torch/BLAS threads per rank (0 = cores / local ranks)
   double timeout_s = 300;   // collective and rendezvous timeout
+  std::string device;       // --device cpu|cuda|auto ("" = the config's, else auto)
+  std::string backend;      // --backend gloo|nccl ("" = nccl for CUDA tensors, gloo for CPU)
 };
 void add_world_options(CLI::App& command, WorldOptions& options);
+// --device and --backend, for the subcommands that compute (train, eval, bench-step).
+void add_device_options(CLI::App& command, WorldOptions& options);
+
+// Where this rank computes and which backend its groups use: --device (else
+// `config_device`), CUDA bound to GPU LOCAL_RANK (see bind_device). Call before join_world.
+struct Placement {
+  torch::Device device = torch::kCPU;
+  Backend backend = Backend::kGloo;
+};
+Placement place_rank(const WorldOptions& options, const std::string& config_device = "auto");
 
 // When --nproc > 1 and this process is not already a rank of a world, re-runs
 // this command as nproc local ranks and returns their exit code; otherwise
@@ -30,7 +42,7 @@ int maybe_launch(const WorldOptions& options);
 [[noreturn]] inline void exit_with(int code) { throw CLI::RuntimeError(code); }
 
 // Sets up logging and threads for this rank and creates the topology.
-std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size);
+std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend = Backend::kGloo);
 
 // Subcommands.
 void register_presets(CLI::App& app);

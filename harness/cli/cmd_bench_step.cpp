@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "autotp/model/presets.h"
+#include "autotp/runtime/device.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
 #include "autotp/runtime/step_comm_volume.h"
@@ -30,16 +31,21 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// fp32 GEMM rate [m, k] x [k, n] in FLOP/s: the best of a few timed calls.
-double gemm_rate(int64_t m, int64_t k, int64_t n, torch::ScalarType dtype) {
-  auto a = torch::randn({m, k}).to(dtype), b = torch::randn({k, n}).to(dtype);
-  auto c = torch::matmul(a, b);  // warm-up (thread pools, page faults)
+// GEMM rate [m, k] x [k, n] in FLOP/s on `device`: the best of a few timed
+// calls (CUDA events on a GPU).
+double gemm_rate(int64_t m, int64_t k, int64_t n, torch::ScalarType dtype, const torch::Device& device) {
+  auto on = torch::TensorOptions().device(device);
+  auto a = torch::randn({m, k}, on).to(dtype), b = torch::randn({k, n}, on).to(dtype);
+  auto c = torch::matmul(a, b);  // warm-up (thread pools, page faults, cuBLAS handles)
+  synchronize(device);
   double best = 0;
   const auto start = Clock::now();
   for (int i = 0; i < 20 && (i < 3 || seconds_since(start) < 0.5); ++i) {
-    const auto t0 = Clock::now();
+    StepClock clock(device);
+    clock.mark();
     torch::matmul_out(c, a, b);
-    best = std::max(best, 2.0 * m * k * n / seconds_since(t0));
+    clock.mark();
+    best = std::max(best, 2.0 * m * k * n / clock.seconds()[0]);
   }
   return best;
 }
@@ -103,6 +109,7 @@ void register_bench_step(CLI::App& app) {
   cmd->add_option("--profile", args->profile,
                   "Write a Chrome trace of one more step (torch's autograd profiler) here, per rank: PATH.rankN.json");
   add_world_options(*cmd, args->world);
+  add_device_options(*cmd, args->world);
   cmd->callback([args] {
     int launched = maybe_launch(args->world);
     if (launched > 0) exit_with(launched);
@@ -127,10 +134,12 @@ void register_bench_step(CLI::App& app) {
     TpPlanOptions plan_options;
     plan_options.tp_size = args->tp;
     auto plan = TpPlan::build(source.config, plan_options);
-    auto topology = join_world(args->world, args->tp);
+    const Placement placement = place_rank(args->world, config.device);
+    const torch::Device device = placement.device;
+    auto topology = join_world(args->world, args->tp, placement.backend);
     const int rank = topology->rank(), world = topology->world_size();
     torch::manual_seed(config.seed);
-    auto model = load_model(source, plan, topology->tp(), dtype, config.seed);
+    auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, device);
 
     // Threads as this rank really runs them.
     const int torch_threads = at::get_num_threads();
@@ -145,9 +154,14 @@ void register_bench_step(CLI::App& app) {
     // once, with its thread count (so shared cores are shared here too).
     const int64_t tokens = args->micro_batch * args->seq_len;
     const auto& mc = source.config;
-    const double limit_mlp = gemm_rate(tokens, mc.hidden_size, (mc.intermediate_size + args->tp - 1) / args->tp, dtype);
-    const double limit_head = gemm_rate(tokens, mc.hidden_size, (mc.vocab_size + args->tp - 1) / args->tp, dtype);
-    const double rank_limit = std::max(limit_mlp, limit_head);
+    const double limit_mlp =
+        gemm_rate(tokens, mc.hidden_size, (mc.intermediate_size + args->tp - 1) / args->tp, dtype, device);
+    const double limit_head = gemm_rate(tokens, mc.hidden_size, (mc.vocab_size + args->tp - 1) / args->tp, dtype, device);
+    // On a GPU also the large square bf16 GEMM (the rate a GPU's MFU is usually quoted against).
+    const double square_bf16 = device.is_cuda() ? gemm_rate(8192, 8192, 8192, torch::kBFloat16, device) : 0.0;
+    const double rank_limit = std::max({limit_mlp, limit_head, square_bf16});
+    const std::string gpu = cuda_device_name(device);
+    const double spec_peak = bf16_peak_flops(gpu);
 
     Trainer trainer(config, topology, std::move(model), nullptr, false);
     const int64_t dp_rank = topology->dp_rank();
@@ -171,7 +185,8 @@ void register_bench_step(CLI::App& app) {
     shape.micro_batch = args->micro_batch;
     shape.seq_len = args->seq_len;
     const StepCommVolume analytic = analytic_step_comm_volume(trainer.model(), config, shape);
-    std::vector<double> step_times, comm_times;
+    std::vector<double> step_times, comm_times, forward_backward_times, optimizer_times;
+    StepMetrics last;
     StepCommVolume counted;
     bool volume_matches = true;
     double loss = 0;
@@ -180,9 +195,12 @@ void register_bench_step(CLI::App& app) {
       CommStats before[3];
       for (int g = 0; g < 3; ++g) before[g] = groups[g]->stats();
       const auto start = Clock::now();
-      StepMetrics m = trainer.train_step(batches);
+      StepMetrics m = trainer.train_step(batches);  // returns once the GPU has finished the step
       step_times.push_back(seconds_since(start));
+      forward_backward_times.push_back(m.forward_backward_s);
+      optimizer_times.push_back(m.optimizer_s);
       loss = m.loss;
+      last = m;
       StepCommVolume step{GroupVolume::between(before[0], groups[0]->stats()),
                           GroupVolume::between(before[1], groups[1]->stats()),
                           GroupVolume::between(before[2], groups[2]->stats())};
@@ -254,6 +272,17 @@ void register_bench_step(CLI::App& app) {
     std::cout << fmt::format("  GEMM limit          {:.2f} GFLOP/s ({} rank(s) x {} thread(s), measured together)\n",
                              cluster_limit / 1e9, world, torch_threads);
     std::cout << fmt::format("  MFU                 {:.1f}%\n", 100.0 * mfu);
+    if (device.is_cuda()) {
+      std::cout << fmt::format("  GPU                 {}: bf16 8192^3 GEMM {:.1f} TFLOP/s, spec peak {}\n", gpu,
+                               square_bf16 / 1e12, spec_peak > 0 ? fmt::format("{:.0f} TFLOP/s", spec_peak / 1e12)
+                                                                 : std::string("unknown"));
+      if (spec_peak > 0)
+        std::cout << fmt::format("  MFU (spec peak)     {:.1f}%\n", 100.0 * achieved / (spec_peak * world));
+      std::cout << fmt::format("  GPU memory (rank 0) peak allocated {:.2f} GiB, peak reserved {:.2f} GiB\n",
+                               last.peak_allocated_bytes / 1073741824.0, last.peak_reserved_bytes / 1073741824.0);
+    }
+    std::cout << fmt::format("  phases (rank 0)     forward+backward {:.4f} s, optimizer {:.4f} s (medians)\n",
+                             percentile(forward_backward_times, 0.5), percentile(optimizer_times, 0.5));
     std::cout << fmt::format("  threads per rank    torch {}, BLAS {}, {} local rank(s) on {} core(s): {}\n",
                              torch_threads, blas_threads(), local_ranks, cores,
                              oversubscribed ? "OVERSUBSCRIBED" : "not oversubscribed");
@@ -281,6 +310,8 @@ void register_bench_step(CLI::App& app) {
       BenchReport report("bench-step");
       report.context["model"] = source.label;
       report.context["cores"] = cores;
+      report.context["device"] = device.str();
+      if (device.is_cuda()) report.context["gpu"] = gpu;
       report.add({{"name", fmt::format("step/{}/{}/{}", source.label, hf_dtype_name(dtype), layout)},
                   {"model", source.label},
                   {"dtype", hf_dtype_name(dtype)},
@@ -304,6 +335,11 @@ void register_bench_step(CLI::App& app) {
                   {"achieved_flops", achieved},
                   {"gemm_limit_flops", cluster_limit},
                   {"mfu", mfu},
+                  {"device", device.is_cuda() ? "cuda" : "cpu"},
+                  {"forward_backward_s", percentile(forward_backward_times, 0.5)},
+                  {"optimizer_s", percentile(optimizer_times, 0.5)},
+                  {"peak_allocated_bytes", last.peak_allocated_bytes},
+                  {"memory_device", last.memory_device},
                   {"threads_per_rank", torch_threads},
                   {"local_ranks", local_ranks},
                   {"cores", cores},
@@ -312,6 +348,15 @@ void register_bench_step(CLI::App& app) {
                   {"comm_volume_matches", all_match},
                   {"ranks", ranks},
                   {"higher_is_better", "tokens_per_s"}});
+      if (device.is_cuda()) {
+        auto& row = report.rows().back();
+        row["gpu"] = gpu;
+        row["gemm_tflops"] = square_bf16 / 1e12;
+        row["mfu_measured_gemm"] = achieved / (square_bf16 * world);
+        row["mfu_spec"] = spec_peak > 0 ? nlohmann::json(achieved / (spec_peak * world)) : nlohmann::json();
+        row["spec_peak_tflops"] = spec_peak / 1e12;
+        row["peak_reserved_bytes"] = last.peak_reserved_bytes;
+      }
       report.write(args->json);
     }
     if (!all_match) throw std::runtime_error("bench-step: counted communication differs from the analytic volume");

@@ -29,6 +29,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--dtype", args->dtype, "Compute dtype: f32 or bf16 (default f32)");
   cmd->add_option("--seed", args->seed, "Seed of a preset's random weights (default 0)");
   add_world_options(*cmd, args->world);
+  add_device_options(*cmd, args->world);
   cmd->callback([args] {
     int launched = maybe_launch(args->world);
     if (launched > 0) exit_with(launched);
@@ -45,9 +46,10 @@ void register_eval(CLI::App& app) {
     TpPlanOptions plan_options;
     plan_options.tp_size = tp;
     auto plan = TpPlan::build(source.config, plan_options);
-    auto topology = join_world(args->world, tp);
+    const Placement placement = place_rank(args->world);
+    auto topology = join_world(args->world, tp, placement.backend);
     LoadReport load;
-    auto model = load_model(source, plan, topology->tp(), dtype, args->seed, &load);
+    auto model = load_model(source, plan, topology->tp(), dtype, args->seed, &load, placement.device);
     if (source.dir)
       log().info("loaded {}: read {:.1f} MiB on this rank, peak RSS {:.1f} MiB", source.label,
                  load.bytes_read / 1048576.0, load.peak_rss_bytes / 1048576.0);

@@ -30,8 +30,8 @@ std::string report_script() {
 }
 
 void list_variants(const scenario::ScenarioSpec& spec) {
-  std::cout << fmt::format("scenario {} ({}): world {}, {} steps, backend {}\n", spec.name, spec.file,
-                           spec.world_size, spec.steps, spec.backend);
+  std::cout << fmt::format("scenario {} ({}): world {}, {} steps, device {}, backend {}\n", spec.name, spec.file,
+                           spec.world_size, spec.steps, spec.device, spec.backend);
   for (const auto& v : spec.variants)
     std::cout << fmt::format("  {:<20} {} tp {} dp {} ZeRO-{} {}{} micro-batch {} x gas {} (global {}){}\n", v.name,
                              v.kind, v.config.tensor_parallel.autotp_size,
@@ -75,7 +75,7 @@ void print_summary(const nlohmann::json& results) {
 
 void register_scenario(CLI::App& app) {
   struct Args {
-    std::string file, out;
+    std::string file, out, device;
     std::vector<std::string> only;
     int64_t steps = 0;
     bool keep_going = false, list = false, no_report = false;
@@ -91,10 +91,17 @@ void register_scenario(CLI::App& app) {
   cmd->add_flag("--keep-going", args->keep_going, "Run the remaining variants after one fails");
   cmd->add_flag("--list", args->list, "Print the expanded variants, skipped combinations and checks; run nothing");
   cmd->add_flag("--no-report", args->no_report, "Do not run tools/report at the end");
+  cmd->add_option("--device", args->device, "Train every variant on cpu or cuda (overrides the file's \"device\")")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([args] {
     auto spec = scenario::ScenarioSpec::from_file(args->file);
     spec.select(args->only);
     if (args->steps > 0) spec.set_steps(args->steps);
+    if (!args->device.empty()) {
+      spec.device = args->device;
+      AUTOTP_USER_CHECK(spec.device == "cuda" || spec.backend != "nccl",
+                        "--device cpu: {} uses backend nccl, which needs device cuda", spec.file);
+    }
     if (args->list) {
       list_variants(spec);
       return;

@@ -55,6 +55,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--bin-dtype", args->bin_dtype, "Token type of .bin data: uint16 or uint32 (default uint16)")
       ->check(CLI::IsMember({"uint16", "uint32"}));
   add_world_options(*cmd, args->world);
+  add_device_options(*cmd, args->world);
   cmd->callback([args] {
     int launched = maybe_launch(args->world);
     if (launched > 0) exit_with(launched);
@@ -81,10 +82,13 @@ void register_train(CLI::App& app) {
     std::optional<io::SavedCheckpoint> resume;
     if (!args->resume.empty()) resume = io::SavedCheckpoint::open(args->resume);  // bad paths fail before the rendezvous
 
-    auto topology = join_world(args->world, config.tensor_parallel.autotp_size);
+    const Placement placement = place_rank(args->world, config.device);
+    const torch::ScalarType dtype = training_dtype(config);
+    auto topology = join_world(args->world, config.tensor_parallel.autotp_size, placement.backend);
     torch::manual_seed(config.seed);
-    auto model = load_model(source, plan, topology->tp(), training_dtype(config), config.seed);
-    log().info("model {} ({}), data {}", source.label, source.config.architecture, data->describe());
+    auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, placement.device);
+    log().info("model {} ({}) on {}, data {}", source.label, source.config.architecture, placement.device.str(),
+               data->describe());
     log().info("layout: world {} = dp {} x tp {}, ZeRO stage {}, micro-batch {}, gradient accumulation {}, global batch {}",
                topology->world_size(), topology->dp_size(), topology->tp_size(), config.zero.stage,
                config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
@@ -115,7 +119,7 @@ void register_train(CLI::App& app) {
       // Every rank's memory goes into rank 0's line.
       auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
                                  m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
-                                 m.activations_peak_bytes},
+                                 m.activations_peak_bytes, m.peak_reserved_bytes},
                                 torch::kLong);
       auto all = topology->world().all_gather(mine.view({1, -1}), 0);
       if (topology->rank() != 0) continue;
@@ -132,7 +136,8 @@ void register_train(CLI::App& app) {
                          {"optimizer_states", row[3].item<int64_t>()},
                          {"peak_rss_bytes", row[4].item<int64_t>()},
                          {"peak_allocated_bytes", row[5].item<int64_t>()},
-                         {"activations_peak_bytes", row[6].item<int64_t>()}});
+                         {"activations_peak_bytes", row[6].item<int64_t>()},
+                         {"peak_reserved_bytes", row[7].item<int64_t>()}});
       }
       line["memory"]["ranks"] = ranks;
       if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;

@@ -18,6 +18,7 @@
 #include "autotp/comm/process_group.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
+#include "autotp/runtime/device.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/trainer.h"
 #include "autotp/tp/tp_plan.h"
@@ -179,6 +180,7 @@ class Runner {
           {"seed", spec_.seed},
           {"world_size", spec_.world_size},
           {"backend", spec_.backend},
+          {"device", spec_.device},
           {"shuffle", spec_.shuffle},
           {"models", models_json()}}},
         {"variants", variants},
@@ -192,15 +194,14 @@ class Runner {
 
  private:
   void check_backend() {
-    if (spec_.backend == "gloo") return;
-    AUTOTP_USER_CHECK(nccl_available(),
-                      "{}: backend nccl: this autotp build has no NCCL (its LibTorch is CPU-only); run the "
-                      "scenario with a CUDA build of LibTorch on a GPU machine, or use backend gloo",
+    if (spec_.device != "cuda") return;
+    const int gpus = cuda_device_count();
+    AUTOTP_USER_CHECK(gpus > 0, "{}: device cuda: no GPU is visible here (run it on a GPU machine, or use device cpu)",
                       spec_.file);
-    throw_user_error(
-        "{}: backend nccl: `autotp train` does not take a backend yet (its process groups are Gloo); run this "
-        "scenario with backend gloo",
-        spec_.file);
+    AUTOTP_USER_CHECK(spec_.backend != "nccl" || spec_.world_size <= gpus,
+                      "{}: backend nccl takes one rank per GPU: world_size {} but {} GPU(s) here (use backend gloo to "
+                      "share GPUs)",
+                      spec_.file, spec_.world_size, gpus);
   }
 
   // Models with config overrides are written once to OUT/models/KEY (same seed, so every variant starts alike).
@@ -265,7 +266,8 @@ class Runner {
                                      "--model",   model_arg_.at(v.model), "--data", spec_.data,
                                      "--steps",   std::to_string(spec_.steps), "--seed", std::to_string(spec_.seed),
                                      "--metrics", metrics_path,    "--nproc",    std::to_string(spec_.world_size),
-                                     "--timeout", fmt::format("{}", spec_.timeout_s)};
+                                     "--timeout", fmt::format("{}", spec_.timeout_s),
+                                     "--device",  spec_.device,    "--backend",  spec_.backend};
     if (spec_.seq_len > 0) argv.insert(argv.end(), {"--seq-len", std::to_string(spec_.seq_len)});
     if (!spec_.shuffle) argv.push_back("--no-shuffle");
     if (spec_.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(spec_.threads)});
@@ -338,11 +340,12 @@ class Runner {
     const json& last = lines.back().at("memory");
     for (const auto& r : last.at("ranks")) {
       const int rank = r.at("rank").get<int>();
-      int64_t peak = 0, activations = 0;
+      int64_t peak = 0, activations = 0, reserved = 0;
       for (const auto& line : lines) {
         const json& lr = line.at("memory").at("ranks").at(rank);
         peak = std::max(peak, lr.value("peak_allocated_bytes", int64_t{0}));
         activations = std::max(activations, lr.value("activations_peak_bytes", int64_t{0}));
+        reserved = std::max(reserved, lr.value("peak_reserved_bytes", int64_t{0}));
       }
       ModelStateBytes measured;
       measured.params = r.at("params").get<int64_t>();
@@ -354,9 +357,13 @@ class Runner {
                        {"analytic", state_bytes(analytic.at(rank))},
                        {"peak_allocated_bytes", peak},
                        {"activations_peak_bytes", activations},
+                       {"peak_reserved_bytes", reserved},
                        {"peak_rss_bytes", r.value("peak_rss_bytes", int64_t{0})}});
     }
-    result["memory"] = {{"ranks", ranks}, {"rank0_reported_analytic", last.value("model_states_analytic", json())}};
+    // "cpu": autotp's counting allocator; "cuda": LibTorch's CUDA caching allocator.
+    result["memory"] = {{"ranks", ranks},
+                        {"device", last.value("device", std::string("cpu"))},
+                        {"rank0_reported_analytic", last.value("model_states_analytic", json())}};
   }
 
   void run_simulate(const VariantSpec& v, json& result) {

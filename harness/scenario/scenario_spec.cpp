@@ -20,7 +20,7 @@ namespace {
 using nlohmann::json;
 
 const std::vector<std::string> kTopKeys = {"name",        "description", "model",     "models",   "data",
-                                           "steps",       "seq_len",     "seed",      "world_size", "backend",
+                                           "steps",       "seq_len",     "seed",      "world_size", "backend",  "device",
                                            "shuffle",     "threads",     "timeout_s", "config",   "baseline",
                                            "variants",    "sweep",       "checks"};
 const std::vector<std::string> kLayoutKeys = {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing",
@@ -243,8 +243,6 @@ class Expander {
     }
     v.tp = v.config.tensor_parallel.autotp_size;  // overrides may have changed the layout
     v.zero_stage = v.config.zero.stage;
-    if (v.config.fp16.enabled && spec_.backend == "gloo")
-      return "fp16 needs CUDA tensors (LibTorch has no float16 matmul on CPU); use dtype bf16 with backend gloo";
     if (!is_baseline && kind == "train") {
       const VariantSpec& b = spec_.variant(baseline);
       if (v.config.train_batch_size != b.config.train_batch_size)
@@ -393,6 +391,10 @@ ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, con
   s.backend = top.string("backend", s.backend);
   if (s.backend != "gloo" && s.backend != "nccl")
     top.fail("backend is \"{}\" (allowed: gloo, nccl)", s.backend);
+  s.device = top.string("device", s.device);
+  if (s.device != "cpu" && s.device != "cuda")
+    top.fail("device is \"{}\" (allowed: cpu, cuda)", s.device);
+  if (s.backend == "nccl" && s.device != "cuda") top.fail("backend nccl needs device cuda (NCCL moves CUDA tensors)");
   s.shuffle = top.boolean("shuffle", s.shuffle);
   s.threads = static_cast<int>(top.integer("threads", 0, 0));
   s.timeout_s = top.number("timeout_s", s.timeout_s);

@@ -82,7 +82,8 @@ struct ScenarioSpec {
   int64_t seq_len = 0;      // 0 only for .json token arrays
   uint64_t seed = 1;
   int world_size = 0;
-  std::string backend = "gloo";  // gloo | nccl
+  std::string backend = "gloo";  // gloo | nccl (CUDA tensors; nccl needs device cuda)
+  std::string device = "cpu";    // cpu | cuda: where every variant trains
   bool shuffle = true;
   int threads = 0;           // per rank; 0 = cores / world
   double timeout_s = 300;

@@ -18,16 +18,17 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   const bool f32 = l.dtype == torch::kFloat32;
   const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T, H = s.hidden, D = s.head_dim;
   const int64_t BTH = BT * H, heads = s.local_heads, I = s.local_intermediate, V = s.local_vocab;
-  const int64_t scores = B * heads * T * T;
-  // Softmax runs in fp32 and is saved; a 16-bit model also saves the cast copy the PV matmul reads.
-  const int64_t probs = 4 * scores + (f32 ? 0 : a * scores);
-  const int64_t mask = T * T;  // the causal mask (bool), saved by masked_fill
+  // Fused attention (scaled_dot_product_attention) keeps no [T, T] scores: it
+  // saves its output [B, heads, T, D] and the fp32 log-sum-exp of each row.
+  const int64_t attention_saved = a * BT * heads * D + 4 * B * heads * T;
+  // Its backward produces dq, dk, dv per query head (and, in 16-bit, an fp32 dq accumulator).
+  const int64_t attention_backward = 3 * a * BT * heads * D + (f32 ? 0 : 4 * BT * heads * D);
   ActivationParts p;
   if (s.gpt2) {
     const int64_t norm = 2 * a * BTH + 8 * BT;  // LayerNorm input, mean, rstd; its output (read by the linear)
     p.per_layer = 2 * norm + a * BT * heads * D * (3 /*qkv kept by the q view*/ + 2 /*k, v gathered*/ +
                                                     1 /*attention output*/) +
-                  probs + mask + 5 * a * BT * I /*c_fc output, gelu_new's 3 saved terms, its output*/;
+                  attention_saved + 5 * a * BT * I /*c_fc output, gelu_new's 3 saved terms, its output*/;
     p.recomputed = p.per_layer;
     p.outer = BT * 8 + T * 8 + (2 * a * BTH + 8 * BT);  // token ids, positions, ln_f
   } else {
@@ -37,14 +38,14 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // two more fp32 values of the hidden size than these, in fp32 and bf16 alike.
     const int64_t norm = 4 * BTH + 4 * BT + 2 * a * BTH;
     p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
-                   probs + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
+                   attention_saved + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
     p.per_layer = p.recomputed + 2 * 4 * BTH;
-    // Token ids, rotary cos / sin, final norm, the additive causal bias (cached, one for all layers).
-    p.outer = BT * 8 + 2 * a * T * D + norm + a * T * T;
+    // Token ids, rotary cos / sin, final norm.
+    p.outer = BT * 8 + 2 * a * T * D + norm;
   }
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
   p.layer_input = a * BTH;
-  p.layer_backward = (a + 4) * scores + 2 * a * BTH;
+  p.layer_backward = attention_backward + 2 * a * BTH;
   if (s.gpt2) p.layer_backward += 2 * a * BT * I;  // gelu_new: its backward keeps two more gradients of the MLP width
   const int64_t ce_saved = 4 * BT * V + BT * 8 + 2 * BT;  // softmax (fp32), local targets, masks
   p.head_forward = a * BT * V /*logits*/ + (f32 ? 0 : 4 * BT * V) /*fp32 copy*/ + 4 * BT * V /*shifted*/ + ce_saved;

@@ -1,6 +1,8 @@
 // Comm: synchronous collectives over one process group (a tp group, a dp group
 // or the world). A group of size 1 performs no communication. Every call blocks
-// until done or the group's timeout fires (then it throws naming the op).
+// until done or the group's timeout fires (then it throws naming the op); with
+// NCCL, CUDA tensors' collectives are ordered on the current stream instead (the
+// host does not wait for the GPU), and CPU tensors still go through Gloo.
 // Not thread safe: one caller per Comm. Operations are not recorded by autograd
 // (see autograd_collectives.h). On a size-1 group all_gather and reduce_scatter
 // return their argument itself; otherwise results are fresh tensors.
@@ -11,6 +13,8 @@
 #include <memory>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
+
+#include "autotp/comm/process_group.h"
 
 namespace autotp {
 
@@ -34,8 +38,10 @@ class Comm {
   // A single-process group (no communication).
   Comm();
   // ranks: the global ranks of the members, in group-rank order (for messages).
-  // `group` may be null only for a one-member group.
-  Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name);
+  // `group` may be null only for a one-member group. `backend`: what serves
+  // CUDA tensors in `group` (create_process_group's backend).
+  Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name,
+       Backend backend = Backend::kGloo);
 
   int rank() const { return rank_; }  // rank within this group
   int size() const { return size_; }
@@ -50,10 +56,10 @@ class Comm {
   torch::Tensor all_gather(const torch::Tensor& local, int64_t dim = 0,
                            const std::vector<int64_t>& sizes = {});
   // Sums `full` over ranks and returns this rank's chunk along dim 0 (`sizes`:
-  // every rank's chunk length; empty = equal chunks). LibTorch 1.13's Gloo has no
-  // reduce_scatter, so this is an all-to-all (each rank receives every rank's
-  // copy of its own chunk: the traffic of a true reduce-scatter) and a local sum
-  // in rank order.
+  // every rank's chunk length; empty = equal chunks). NCCL (CUDA tensors) runs
+  // its reduce-scatter. Gloo's reduce_scatter is an all-reduce underneath, so on
+  // Gloo this is an all-to-all (each rank receives every rank's copy of its own
+  // chunk: the traffic of a true reduce-scatter) and a local sum in rank order.
   torch::Tensor reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
   void barrier();
 
@@ -74,10 +80,14 @@ class Comm {
   void run(const char* op, Start&& start, bool settle = false);
   [[noreturn]] void fail(const char* op, const std::exception& error) const;
   void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
+  torch::Tensor reduce_scatter_nccl(const torch::Tensor& full, const std::vector<int64_t>& extents);
+  // True when `tensor`'s collectives run on NCCL (a CUDA tensor in an NCCL group).
+  bool on_nccl(const torch::Tensor& tensor) const { return backend_ == Backend::kNccl && tensor.is_cuda(); }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<int> global_ranks_;
   std::string name_ = "self";
+  Backend backend_ = Backend::kGloo;
   int rank_ = 0;
   int size_ = 1;
   CommStats stats_;

@@ -35,13 +35,16 @@ struct LoadReport {
 
 class CausalLM {
  public:
-  // Allocates uninitialised shards for tp rank `tp.rank()` of the plan.
-  CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype = torch::kFloat32);
+  // Allocates uninitialised shards for tp rank `tp.rank()` of the plan on `device`
+  // (inputs given to forward and token_losses may be on the CPU: they are moved).
+  CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype = torch::kFloat32,
+           torch::Device device = torch::kCPU);
   ~CausalLM();
 
   const ModelConfig& config() const { return config_; }
   const TpPlan& plan() const { return plan_; }
   torch::ScalarType dtype() const { return dtype_; }
+  const torch::Device& device() const { return device_; }
   Comm& tp() { return tp_; }
   std::vector<Parameter>& parameters() { return params_; }
   Parameter& parameter(const std::string& name);
@@ -105,6 +108,7 @@ class CausalLM {
   TpPlan plan_;
   Comm& tp_;
   torch::ScalarType dtype_;
+  torch::Device device_;
   std::vector<Parameter> params_;
   std::map<std::string, size_t> index_;
   std::vector<bool> checkpoint_layers_;

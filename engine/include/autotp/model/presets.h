@@ -35,7 +35,8 @@ ModelSource resolve_model(const std::string& arg);
 // Builds this rank's shards: reads them from the directory, or draws the
 // preset's seeded random weights.
 std::unique_ptr<CausalLM> load_model(const ModelSource& source, const TpPlan& plan, Comm& tp,
-                                     torch::ScalarType dtype, uint64_t seed, LoadReport* report = nullptr);
+                                     torch::ScalarType dtype, uint64_t seed, LoadReport* report = nullptr,
+                                     torch::Device device = torch::kCPU);
 
 // Writes an HF model directory (config.json with torch_dtype, model.safetensors
 // with HF names; tied heads not stored) holding the source's weights: a preset's

@@ -14,7 +14,8 @@ namespace autotp {
 
 class FlatOptimizer {
  public:
-  FlatOptimizer(const OptimizerConfig& config, int64_t numel);
+  // States are fp32 tensors of `numel` elements on `device`.
+  FlatOptimizer(const OptimizerConfig& config, int64_t numel, torch::Device device = torch::kCPU);
 
   // One update of `params` (fp32, in place) with `grads` (fp32) at learning rate lr.
   void step(torch::Tensor& params, const torch::Tensor& grads, double lr);

@@ -75,6 +75,7 @@ struct TrainConfig {
   uint64_t seed = 42;                 // data order and any randomness in training
   int64_t steps_per_print = 10;       // log every this many optimizer steps
   bool wall_clock_breakdown = false;  // log per-phase timings
+  std::string device = "auto";        // cpu | cuda | auto (cuda when every local rank has a GPU of its own)
   nlohmann::json raw;                 // the input as given
 
   // Errors are UserErrors prefixed with `source` (a file name, or "" for none).

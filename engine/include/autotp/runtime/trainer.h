@@ -37,10 +37,14 @@ struct StepMetrics {
   ModelStateBytes model_states;            // this rank
   ModelStateBytes model_states_analytic;   // the formula for this rank
   int64_t peak_rss_bytes = 0;              // this rank's peak resident set so far
-  // From the counting allocator (0 unless install_memory_counter() ran):
-  int64_t allocated_bytes = 0;             // live CPU tensor bytes after the step
+  // On CPU from the counting allocator (0 unless install_memory_counter() ran),
+  // on a GPU from LibTorch's CUDA caching allocator:
+  std::string memory_device = "cpu";       // "cpu" | "cuda": where the next three were measured
+  int64_t allocated_bytes = 0;             // live tensor bytes after the step
   int64_t peak_allocated_bytes = 0;        // peak during the step (everything: states, activations, buffers)
   int64_t activations_peak_bytes = 0;      // peak during the step minus what was live at its start
+  int64_t reserved_bytes = 0;              // GPU only: bytes the caching allocator holds after the step
+  int64_t peak_reserved_bytes = 0;         // GPU only: their peak during the step
   nlohmann::json to_json() const;
 };
 
@@ -86,7 +90,7 @@ class Trainer {
   int64_t applied_steps_ = 0;  // steps that updated the weights (not skipped for fp16 overflow)
 };
 
-// Model dtype from the config: bf16, fp16 or fp32.
+// Model dtype from the config: bf16, fp16 or fp32 (LibTorch 2.11 runs all three on CPU and CUDA).
 torch::ScalarType training_dtype(const TrainConfig& config);
 
 }  // namespace autotp

@@ -113,6 +113,8 @@ class ZeroOptimizer {
   int64_t bucket_elements_;  // zero_optimization.reduce_bucket_size
   Fp16Config fp16_;
   torch::ScalarType low_;
+  // Flat buffers in the model dtype on the model's device.
+  torch::TensorOptions low_options() const { return torch::TensorOptions().dtype(low_).device(model_.device()); }
   bool mixed_;
   FlatLayout layout_;
   int64_t padded_ = 0, part_numel_ = 0, part_offset_ = 0;  // from layout_, for brevity

@@ -1,0 +1,122 @@
+#include "autotp/runtime/device.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "autotp/runtime/error.h"
+
+namespace autotp {
+
+DeviceKind parse_device(const std::string& name) {
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  if (name == "auto") return DeviceKind::kAuto;
+  throw_user_error("unknown device '{}' (allowed: cpu, cuda, auto)", name);
+}
+
+std::string device_kind_name(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+    case DeviceKind::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+int cuda_device_count() {
+  // device_count() reports 0 (not an error) when there is no driver or no GPU.
+  return torch::cuda::is_available() ? static_cast<int>(c10::cuda::device_count()) : 0;
+}
+
+torch::Device bind_device(DeviceKind kind, int local_rank, int local_world_size, bool shared) {
+  const int gpus = cuda_device_count();
+  if (kind == DeviceKind::kAuto) kind = gpus >= local_world_size && gpus > 0 ? DeviceKind::kCuda : DeviceKind::kCpu;
+  if (kind == DeviceKind::kCpu) return torch::Device(torch::kCPU);
+  AUTOTP_USER_CHECK(gpus > 0, "device cuda: no GPU is visible to this process (torch::cuda::is_available() is "
+                              "false); use device cpu");
+  AUTOTP_USER_CHECK(shared || local_world_size <= gpus,
+                    "device cuda with NCCL: {} local ranks but {} GPU(s) on this host (NCCL takes one rank per GPU; "
+                    "start at most {} ranks per host, or use backend gloo to share GPUs)",
+                    local_world_size, gpus, gpus);
+  const auto index = static_cast<c10::DeviceIndex>(local_rank % gpus);
+  c10::cuda::set_device(index);
+  return torch::Device(torch::kCUDA, index);
+}
+
+DeviceMemory cuda_memory(const torch::Device& device) {
+  DeviceMemory m;
+  if (!device.is_cuda()) return m;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  m.allocated = stats.allocated_bytes[all].current;
+  m.peak_allocated = stats.allocated_bytes[all].peak;
+  m.reserved = stats.reserved_bytes[all].current;
+  m.peak_reserved = stats.reserved_bytes[all].peak;
+  return m;
+}
+
+void reset_cuda_peak(const torch::Device& device) {
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+}
+
+std::string cuda_device_name(const torch::Device& device) {
+  if (!device.is_cuda()) return "";
+  return at::cuda::getDeviceProperties(device.index())->name;
+}
+
+double bf16_peak_flops(const std::string& gpu_name) {
+  // Dense bf16 figures of the SXM parts (PCIe / NVL variants are lower).
+  static const std::pair<const char*, double> known[] = {
+      {"H200", 989e12}, {"H100", 989e12}, {"GH200", 989e12}, {"A100", 312e12},
+      {"B200", 2250e12}, {"L40S", 362e12}, {"A10G", 70e12},
+  };
+  for (const auto& [name, flops] : known)
+    if (gpu_name.find(name) != std::string::npos) return flops;
+  return 0;
+}
+
+struct StepClock::Events {
+  std::vector<at::cuda::CUDAEvent> points;
+};
+
+StepClock::StepClock(const torch::Device& device) : device_(device) {
+  if (device_.is_cuda()) events_ = std::make_unique<Events>();
+}
+
+StepClock::~StepClock() = default;
+
+void StepClock::mark() {
+  if (!events_) {
+    host_.push_back(std::chrono::steady_clock::now());
+    return;
+  }
+  c10::cuda::CUDAGuard guard(device_.index());
+  events_->points.emplace_back(cudaEventDefault);
+  events_->points.back().record();
+}
+
+std::vector<double> StepClock::seconds() {
+  std::vector<double> out;
+  if (!events_) {
+    for (size_t i = 1; i < host_.size(); ++i)
+      out.push_back(std::chrono::duration<double>(host_[i] - host_[i - 1]).count());
+    return out;
+  }
+  auto& points = events_->points;
+  if (points.empty()) return out;
+  points.back().synchronize();
+  for (size_t i = 1; i < points.size(); ++i) out.push_back(points[i - 1].elapsed_time(points[i]) / 1000.0);
+  return out;
+}
+
+}  // namespace autotp
