@@ -34,20 +34,19 @@ void FlatOptimizer::step(torch::Tensor& params, const torch::Tensor& grads_in, d
     params.add_(d, -lr);
     return;
   }
-  torch::Tensor grads = grads_in;
-  bool decoupled = config_.type == "AdamW" || config_.adam_w_mode;
+  // torch.optim's fused Adam / AdamW kernel (CPU and CUDA): one pass over the
+  // partition computing torch.optim's update (decoupled decay for AdamW and
+  // DeepSpeed's adam_w_mode, L2 added to the gradient otherwise).
+  const bool decoupled = config_.type == "AdamW" || config_.adam_w_mode;
+  auto steps = torch::full({}, static_cast<double>(step_),
+                           torch::TensorOptions().dtype(torch::kFloat32).device(params.device()));
+  const std::vector<torch::Tensor> p{params}, g{grads_in}, m{exp_avg_}, v{exp_avg_sq_}, t{steps};
   if (decoupled)
-    params.mul_(1 - lr * wd);
-  else if (wd != 0)
-    grads = grads_in.add(params, wd);
-  const double b1 = config_.beta1, b2 = config_.beta2;
-  exp_avg_.mul_(b1).add_(grads, 1 - b1);
-  exp_avg_sq_.mul_(b2).addcmul_(grads, grads, 1 - b2);
-  const double bias_correction1 = 1 - std::pow(b1, static_cast<double>(step_));
-  const double bias_correction2 = 1 - std::pow(b2, static_cast<double>(step_));
-  const double step_size = lr / bias_correction1;
-  auto denom = (exp_avg_sq_.sqrt() / std::sqrt(bias_correction2)).add_(config_.eps);
-  params.addcdiv_(exp_avg_, denom, -step_size);
+    at::_fused_adamw_(p, g, m, v, {}, t, lr, config_.beta1, config_.beta2, wd, config_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  else
+    at::_fused_adam_(p, g, m, v, {}, t, lr, config_.beta1, config_.beta2, wd, config_.eps, /*amsgrad=*/false,
+                     /*maximize=*/false);
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> FlatOptimizer::state() const {

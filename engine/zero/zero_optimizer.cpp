@@ -3,6 +3,7 @@
 #include <cmath>
 #include <regex>
 
+#include "autotp/optim/grad_norm.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
 #include "autotp/tp/parallel_layers.h"
@@ -232,11 +233,7 @@ StepOutcome ZeroOptimizer::step(double lr) {
     grads = grad_part_;
   }
   if (loss_scale_ != 1) grads.div_(loss_scale_);
-  // Masking in fp32 is exact (the mask is 0 or 1); the squares are summed in fp64
-  // by BLAS (a promoted fp64 pow and product cost several times more).
-  auto owned = (grads * partition(owned_mask_)).to(torch::kFloat64);
-  auto sumsq = at::dot(owned, owned).reshape({1});
-  owned = torch::Tensor();
+  auto sumsq = masked_sum_of_squares(grads, partition(owned_mask_));
   topo_.world().all_reduce(sumsq);
   double norm = std::sqrt(sumsq.item<double>());
   outcome.grad_norm = norm;

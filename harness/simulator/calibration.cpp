@@ -14,6 +14,7 @@
 #include "autotp/comm/dist_env.h"
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
+#include "autotp/optim/grad_norm.h"
 #include "autotp/model/causal_lm.h"
 #include "autotp/model/presets.h"
 #include "autotp/optim/optimizer.h"
@@ -405,9 +406,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
       auto params = torch::randn({n}), grads = torch::randn({n}), mask = torch::ones({n});
       seconds.push_back(time_call(
           [&] {
-            auto owned = (grads * mask).to(torch::kFloat64);
-            const double norm = std::sqrt(at::dot(owned, owned).item<double>());
-            owned = torch::Tensor();
+            const double norm = std::sqrt(masked_sum_of_squares(grads, mask).item<double>());
             grads.mul_(std::min(1.0, 1.0 / (norm + 1e-6)));
             optimizer.step(params, grads, 1e-3);
           },

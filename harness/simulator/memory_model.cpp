@@ -1,5 +1,7 @@
 #include "simulator/memory_model.h"
 
+#include "autotp/optim/grad_norm.h"
+
 namespace autotp::sim {
 namespace {
 
@@ -117,9 +119,10 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   // Optimizer phase: the grad-norm temporaries (fp64 square, masked) or the
   // stage 1-2 all-gather of the updated partitions (per-rank blocks + their concatenation).
   const int64_t outer = stage == 3 && dp > 1 ? a * shape.outer_numel : 0;
-  // The masked fp32 gradients and their fp64 copy: 4 + 8 bytes per element.
-  const int64_t norm_temporaries = (4 + 8) * part;
-  const int64_t adam_temporaries = 2 * 4 * part;
+  // The norm's masked fp32 gradients and their fp64 copy, one chunk at a time
+  // (masked_sum_of_squares); the fused Adam / AdamW kernel allocates nothing.
+  const int64_t norm_temporaries = (4 + 8) * std::min(part, kGradNormChunk);
+  const int64_t adam_temporaries = 0;
   const int64_t all_gather = (stage == 1 || stage == 2) && dp > 1 ? 2 * a * P : 0;
   const int64_t base = m.states.total() + m.norm_mask + transient_grads + outer + data;
   const int64_t temporaries = std::max(norm_temporaries, adam_temporaries);

@@ -1,0 +1,19 @@
+#include "autotp/optim/grad_norm.h"
+
+namespace autotp {
+
+torch::Tensor masked_sum_of_squares(const torch::Tensor& values, const torch::Tensor& mask) {
+  TORCH_CHECK(values.dim() == 1 && mask.sizes() == values.sizes(), "masked_sum_of_squares: values ",
+              values.sizes(), " and mask ", mask.sizes(), " must be 1-D and of one length");
+  torch::NoGradGuard no_grad;
+  auto sum = torch::zeros({1}, values.options().dtype(torch::kFloat64));
+  const int64_t n = values.numel();
+  for (int64_t begin = 0; begin < n; begin += kGradNormChunk) {
+    const int64_t length = std::min(kGradNormChunk, n - begin);
+    auto owned = (values.narrow(0, begin, length) * mask.narrow(0, begin, length)).to(torch::kFloat64);
+    sum.add_(at::dot(owned, owned));
+  }
+  return sum;
+}
+
+}  // namespace autotp
