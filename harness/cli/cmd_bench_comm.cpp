@@ -108,12 +108,10 @@ class Collective {
       return output;
     }
     if (op_ == "reduce_scatter") {
-      // 1.13's ProcessGroupGloo::reduce_scatter throws; the all-to-all of the
-      // chunks plus a local sum is the reduce-scatter c10d's Gloo can do.
-      torch::Tensor received = torch::empty({chunk * size_});
-      std::vector<int64_t> counts(size_, chunk);
-      raw_->alltoall_base(received, input, counts, counts)->wait();
-      return received.view({size_, chunk}).sum(0);
+      // ProcessGroupGloo's own reduce-scatter (an all-reduce underneath, then this rank's chunk).
+      torch::Tensor output = torch::empty({chunk});
+      raw_->_reduce_scatter_base(output, input)->wait();
+      return output;
     }
     std::vector<at::Tensor> tensors{input};
     c10d::BroadcastOptions options;
