@@ -35,9 +35,9 @@ int cuda_device_count() {
 }
 
 torch::Device bind_device(DeviceKind kind, int local_rank, int local_world_size, bool shared) {
-  const int gpus = cuda_device_count();
-  if (kind == DeviceKind::kAuto) kind = gpus >= local_world_size && gpus > 0 ? DeviceKind::kCuda : DeviceKind::kCpu;
   if (kind == DeviceKind::kCpu) return torch::Device(torch::kCPU);
+  const int gpus = cuda_device_count();
+  if (kind == DeviceKind::kAuto && (gpus == 0 || gpus < local_world_size)) return torch::Device(torch::kCPU);
   AUTOTP_USER_CHECK(gpus > 0, "device cuda: no GPU is visible to this process (torch::cuda::is_available() is "
                               "false); use device cpu");
   AUTOTP_USER_CHECK(shared || local_world_size <= gpus,

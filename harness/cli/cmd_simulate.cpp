@@ -58,12 +58,13 @@ void calibrate(const SimulateArgs& args) {
   if (!args.model.empty()) options.model = args.model;
   options.micro_batch = args.micro_batch > 1 ? args.micro_batch : options.micro_batch;
   if (args.seq_len > 0) options.seq_len = args.seq_len;
+  options.device = place_rank(args.world, "cpu").device;
   auto cal = sim::run_calibration(options);
   if (env.rank != 0) return;
   const std::string path = args.calibration.empty() ? sim::default_calibration_path() : args.calibration;
   write_output(path, cal.to_json().dump(2) + "\n");
-  std::cout << fmt::format("calibration of {} ranks x {} threads written to {}\n", cal.world, cal.threads_per_rank,
-                           path);
+  std::cout << fmt::format("calibration of {} ranks x {} threads on {} written to {}\n", cal.world,
+                           cal.threads_per_rank, cal.device, path);
   std::cout << fmt::format("  GEMM: {} step shapes of {}, best {:.2f} GFLOP/s per rank\n", cal.gemm_seconds.size(),
                            cal.model, cal.gemm_peak_flops / 1e9);
   std::cout << fmt::format("  elementwise op: {:.1f} us + bytes / {:.2f} GB/s (forward+backward {:.1f} us)\n",
@@ -352,10 +353,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--scenario", args->scenario, "Run a simulate-only scenario file (its variants and the sweep)");
   cmd->add_flag("--calibrate", args->calibrate,
                 "Measure this machine (GEMMs at step shapes, elementwise ops, Gloo collectives) for cpu-local; use "
-                "with --nproc N");
+                "with --nproc N. With --device cuda it times the GPUs' work instead (one rank per GPU, collectives "
+                "over NCCL), in the same file format (\"device\": \"cuda\")");
   cmd->add_option("--calibration", args->calibration,
                   "Calibration file (default $AUTOTP_CALIBRATION or reports/calibration/cpu-local.json)");
   add_world_options(*cmd, args->world);
+  add_device_options(*cmd, args->world);
   cmd->callback([args] {
     if (args->calibrate) {
       int launched = maybe_launch(args->world);

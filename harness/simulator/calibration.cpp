@@ -15,6 +15,7 @@
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
 #include "autotp/optim/grad_norm.h"
+#include "autotp/runtime/device.h"
 #include "autotp/model/causal_lm.h"
 #include "autotp/model/presets.h"
 #include "autotp/optim/optimizer.h"
@@ -76,14 +77,20 @@ int64_t mem_total_bytes() {
 // Seconds per call of `fn`: the mean over at least `seconds` (and 3 calls). A mean,
 // not a best-of, because the simulator predicts a typical step: the host's share
 // of the CPU is taken out separately (StealWindow), the rest of the noise is the machine's.
+// On a GPU every call is followed by a synchronisation (the times are the GPU's
+// work, not its launch); a no-op on CPU.
+torch::Device g_device = torch::kCPU;
+
 template <typename Fn>
 double time_call(Fn&& fn, double seconds) {
   fn();  // warm-up
+  synchronize(g_device);
   int64_t calls = 0;
   auto start = Clock::now();
   double elapsed = 0;
   do {
     fn();
+    synchronize(g_device);
     ++calls;
     elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   } while (calls < 3 || elapsed < seconds);
@@ -94,8 +101,10 @@ double time_call(Fn&& fn, double seconds) {
 template <typename Fn>
 double time_calls(Fn&& fn, int calls) {
   fn();
+  synchronize(g_device);
   auto start = Clock::now();
   for (int i = 0; i < 2 * calls; ++i) fn();
+  synchronize(g_device);
   return std::chrono::duration<double>(Clock::now() - start).count() / (2 * calls);
 }
 
@@ -174,6 +183,7 @@ json Calibration::to_json() const {
           {"threads_per_rank", threads_per_rank},
           {"cores", cores},
           {"model", model},
+          {"device", device},
           {"micro_batch", micro_batch},
           {"seq_len", seq_len},
           {"memory_bytes", memory_bytes},
@@ -205,6 +215,7 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
     c.threads_per_rank = j.at("threads_per_rank").get<int>();
     c.cores = j.at("cores").get<int>();
     c.model = j.value("model", "");
+    c.device = j.value("device", std::string("cpu"));
     c.micro_batch = j.value("micro_batch", int64_t{0});
     c.seq_len = j.value("seq_len", int64_t{0});
     c.memory_bytes = j.at("memory_bytes").get<int64_t>();
@@ -252,6 +263,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
   cal.micro_batch = options.micro_batch;
   cal.seq_len = options.seq_len;
   cal.memory_bytes = mem_total_bytes();
+  cal.device = options.device.is_cuda() ? "cuda" : "cpu";
+  g_device = options.device;
+  const auto on = torch::TensorOptions().device(options.device);
   torch::NoGradGuard no_grad_default;
 
   c10::intrusive_ptr<c10d::Store> store;
@@ -289,6 +303,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
     StealWindow window;
     auto start = Clock::now();
     for (int i = 0; i < 3 * calls; ++i) fn();
+    synchronize(g_device);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / (3 * calls);
     return average({seconds * window.kept_share()})[0];
   };
@@ -308,6 +323,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
       StealWindow window;
       auto start = Clock::now();
       for (int i = 0; i < calls; ++i) fn();
+      synchronize(g_device);
       return std::chrono::duration<double>(Clock::now() - start).count() * window.kept_share();
     };
     constexpr int kRounds = 6;
@@ -344,8 +360,8 @@ Calibration run_calibration(const CalibrationOptions& options) {
       gemm_times.push_back(0);
       continue;
     }
-    auto a = s.batch > 1 ? torch::randn({s.batch, s.m, s.k}) : torch::randn({s.m, s.k});
-    auto b = s.batch > 1 ? torch::randn({s.batch, s.k, s.n}) : torch::randn({s.k, s.n});
+    auto a = s.batch > 1 ? torch::randn({s.batch, s.m, s.k}, on) : torch::randn({s.m, s.k}, on);
+    auto b = s.batch > 1 ? torch::randn({s.batch, s.k, s.n}, on) : torch::randn({s.k, s.n}, on);
     gemm_times.push_back(time_call([&] { torch::matmul(a, b); }, options.seconds_per_point));
   }
   gemm_times = from_rank0(scaled(gemm_times, gemm_window.kept_share()));
@@ -367,9 +383,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
       fwd.push_back(0), fwd_grad.push_back(0), fb.push_back(0);
       continue;
     }
-    auto x = torch::randn({n}), w = torch::randn({n});
+    auto x = torch::randn({n}, on), w = torch::randn({n}, on);
     auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
-    auto g = torch::ones({n});
+    auto g = torch::ones({n}, on);
     fwd.push_back(time_call([&] { torch::mul(x, w); }, options.seconds_per_point));
     torch::AutoGradMode on(true);
     fwd_grad.push_back(time_call([&] { torch::mul(xg, wg); }, options.seconds_per_point));
@@ -402,8 +418,8 @@ Calibration run_calibration(const CalibrationOptions& options) {
       }
       OptimizerConfig adamw;
       adamw.weight_decay = 0.01;
-      FlatOptimizer optimizer(adamw, n);
-      auto params = torch::randn({n}), grads = torch::randn({n}), mask = torch::ones({n});
+      FlatOptimizer optimizer(adamw, n, options.device);
+      auto params = torch::randn({n}, on), grads = torch::randn({n}, on), mask = torch::ones({n}, on);
       seconds.push_back(time_call(
           [&] {
             const double norm = std::sqrt(masked_sum_of_squares(grads, mask).item<double>());
@@ -423,7 +439,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   Comm self;
   const TpPlan plan1 = build_plan(model.config, 1);
   const RankShape shape1 = rank_shape(model.config, plan1, 0);
-  CausalLM lm1(model.config, plan1, self, torch::kFloat32);
+  CausalLM lm1(model.config, plan1, self, torch::kFloat32, options.device);
   lm1.init_random(1);
   auto ids1 = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
   auto step1 = [&] {
@@ -450,13 +466,14 @@ Calibration run_calibration(const CalibrationOptions& options) {
       if (env.world_size % g != 0) continue;
       TopologyOptions topo_options;
       topo_options.tp_size = g;
+      topo_options.backend = options.device.is_cuda() ? Backend::kNccl : Backend::kGloo;
       auto topo = Topology::create_with_store(prefix_store("calibration_g" + std::to_string(g), store), env.rank,
                                               env.world_size, topo_options);
       std::vector<double> x, reduce, gather_bytes, gather;
       StealWindow collectives_window;
       for (int64_t b : message) {
-        auto t = torch::ones({std::max<int64_t>(1, b / 4)});
-        auto local = torch::ones({std::max<int64_t>(1, b / 4 / g)});
+        auto t = torch::ones({std::max<int64_t>(1, b / 4)}, on);
+        auto local = torch::ones({std::max<int64_t>(1, b / 4 / g)}, on);
         const int calls = b >= (1 << 22) ? 5 : b >= (1 << 19) ? 10 : 40;
         barrier();
         reduce.push_back(time_calls([&] { topo->tp().all_reduce(t); }, calls));
@@ -484,7 +501,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
         RankShape shape = shape1;
         if (model_tp > 1 && model_tp <= model.config.num_heads) {
           const TpPlan plan = build_plan(model.config, model_tp);
-          at_tp = std::make_unique<CausalLM>(model.config, plan, topo->dp(), torch::kFloat32);
+          at_tp = std::make_unique<CausalLM>(model.config, plan, topo->dp(), torch::kFloat32, options.device);
           at_tp->init_random(1);
           shape = rank_shape(model.config, plan, topo->dp().rank());
         }
@@ -495,7 +512,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
         };
         const FlatLayout flat = FlatLayout::build({shape.local_numel}, g, 3);  // the ZeRO-3 cut over the group
         const int64_t padded = flat.padded;
-        auto grads = torch::ones({padded}), share = torch::ones({flat.part});
+        auto grads = torch::ones({padded}, on), share = torch::ones({flat.part}, on);
         const int round_calls = std::max(2, concurrent_calls / 2);
         const Extra dp = concurrent_extra(
             step,
@@ -515,7 +532,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
         double layer_back_to_back = 0;
         for (const FlatRange& r : shape.layer_ranges) {
           const std::vector<int64_t> extents = flat.range_shares(r.begin, r.end);
-          shares.push_back(torch::ones({extents[group.rank()]}));
+          shares.push_back(torch::ones({extents[group.rank()]}, on));
           sizes.push_back(extents);
           layer_back_to_back += 2 * cal.all_gather[g].seconds(4 * zero3_gather_elements(r, padded, g));
         }
@@ -545,7 +562,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
       // (the tp autograd functions, waiting for the partner at each collective).
       if (g <= model.config.num_heads) {
         const TpPlan plan = build_plan(model.config, g);
-        CausalLM lm(model.config, plan, topo->tp(), torch::kFloat32);
+        CausalLM lm(model.config, plan, topo->tp(), torch::kFloat32, options.device);
         lm.init_random(1);
         auto gen = at::detail::createCPUGenerator(1);
         auto ids =

@@ -28,6 +28,7 @@
 // Written as JSON by `autotp simulate --calibrate`, read by the cpu-local cluster.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
 #include <map>
 #include <optional>
@@ -60,6 +61,7 @@ struct Calibration {
   int threads_per_rank = 1;
   int cores = 1;
   std::string model;           // the model whose step shapes were measured
+  std::string device = "cpu";  // "cpu" | "cuda": where the compute was timed (optional key; older files: cpu)
   int64_t micro_batch = 0, seq_len = 0;
   std::map<GemmShape, double> gemm_seconds;  // measured shapes
   LinearCost gemm_fit;                       // over every measured shape (other shapes)
@@ -112,6 +114,7 @@ struct CalibrationOptions {
   int64_t micro_batch = 2;
   int64_t seq_len = 64;
   double seconds_per_point = 0.05;  // minimum measuring time per shape / size
+  torch::Device device = torch::kCPU;  // where the tensors live: a GPU calibration times the GPU's work
 };
 
 // Runs on every rank of a launched world (collective: all ranks call it); returns the
