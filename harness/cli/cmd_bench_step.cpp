@@ -157,8 +157,9 @@ void register_bench_step(CLI::App& app) {
     const double limit_mlp =
         gemm_rate(tokens, mc.hidden_size, (mc.intermediate_size + args->tp - 1) / args->tp, dtype, device);
     const double limit_head = gemm_rate(tokens, mc.hidden_size, (mc.vocab_size + args->tp - 1) / args->tp, dtype, device);
-    // On a GPU also the large square bf16 GEMM (the rate a GPU's MFU is usually quoted against).
-    const double square_bf16 = device.is_cuda() ? gemm_rate(8192, 8192, 8192, torch::kBFloat16, device) : 0.0;
+    // On a GPU also a large square GEMM in the run's dtype (the rate a GPU's MFU is
+    // usually quoted against; bf16 for the GPU regression run).
+    const double square_bf16 = device.is_cuda() ? gemm_rate(8192, 8192, 8192, dtype, device) : 0.0;
     const double rank_limit = std::max({limit_mlp, limit_head, square_bf16});
     const std::string gpu = cuda_device_name(device);
     const double spec_peak = bf16_peak_flops(gpu);
@@ -273,8 +274,8 @@ void register_bench_step(CLI::App& app) {
                              cluster_limit / 1e9, world, torch_threads);
     std::cout << fmt::format("  MFU                 {:.1f}%\n", 100.0 * mfu);
     if (device.is_cuda()) {
-      std::cout << fmt::format("  GPU                 {}: bf16 8192^3 GEMM {:.1f} TFLOP/s, spec peak {}\n", gpu,
-                               square_bf16 / 1e12, spec_peak > 0 ? fmt::format("{:.0f} TFLOP/s", spec_peak / 1e12)
+      std::cout << fmt::format("  GPU                 {}: {} 8192^3 GEMM {:.1f} TFLOP/s, bf16 spec peak {}\n", gpu,
+                               hf_dtype_name(dtype), square_bf16 / 1e12, spec_peak > 0 ? fmt::format("{:.0f} TFLOP/s", spec_peak / 1e12)
                                                                  : std::string("unknown"));
       if (spec_peak > 0)
         std::cout << fmt::format("  MFU (spec peak)     {:.1f}%\n", 100.0 * achieved / (spec_peak * world));
