@@ -12,7 +12,7 @@ namespace autotp {
 
 struct TopologyOptions {
   int tp_size = 1;                                             // tensor_parallel.autotp_size
-  Backend backend = Backend::kGloo;                            // gloo for CPU tensors
+  Backend backend = Backend::kGloo;  // what moves CUDA tensors (nccl or gloo); CPU tensors always use Gloo
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and the rendezvous
   // Groups whose members all run on this host all-reduce through shared memory
   // (Gloo otherwise); AUTOTP_SHARED_MEMORY=0 in the environment turns it off.
