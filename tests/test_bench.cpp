@@ -47,8 +47,9 @@ TEST_P(BenchCommWorld, EveryRowVerifiedWithExactBusFactor) {
   const json report = read_json(dir + "/comm.json");
   EXPECT_EQ(report.at("context").at("world"), n);
   const json& rows = report.at("benchmarks");
-  // 5 sizes (8 B .. 32 KiB by 8) x (4 ops x {comm, c10d} + all_reduce over comm-gloo).
-  ASSERT_EQ(rows.size(), 5u * 9u);
+  // 5 sizes (8 B .. 32 KiB by 8) x (4 ops x {comm, c10d} + all_reduce, all_gather and
+  // reduce_scatter over comm-gloo: broadcast does not use shared memory).
+  ASSERT_EQ(rows.size(), 5u * 11u);
   std::map<std::string, int> per_op;
   for (const auto& row : rows) {
     SCOPED_TRACE(row.dump());
@@ -70,6 +71,8 @@ TEST_P(BenchCommWorld, EveryRowVerifiedWithExactBusFactor) {
     }
   }
   EXPECT_EQ(per_op["all_reduce"], 15);
+  EXPECT_EQ(per_op["all_gather"], 15);
+  EXPECT_EQ(per_op["reduce_scatter"], 15);
   EXPECT_EQ(per_op["broadcast"], 10);
   EXPECT_NE(result.output.find("busbw(GB/s)"), std::string::npos) << result.output;
 }

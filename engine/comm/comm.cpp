@@ -214,7 +214,13 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
   stacked_shape.insert(stacked_shape.begin(), size_);
   torch::Tensor stacked = torch::empty(stacked_shape, local.options());
   const bool even = std::all_of(extents.begin(), extents.end(), [&](int64_t e) { return e == max_extent; });
-  if (on_nccl(local)) {
+  if (shm_ && !local.is_cuda()) {
+    try {
+      shm_->all_gather(input, stacked);
+    } catch (const std::exception& error) {
+      fail("all_gather", error);
+    }
+  } else if (on_nccl(local)) {
     // NCCL gathers into one buffer; its work is ordered on the stream, nothing to settle.
     run("all_gather", [&] {
       at::Tensor out = movement_view(stacked), in = movement_view(input);
@@ -258,6 +264,7 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
   torch::NoGradGuard no_grad;
   Stopwatch timed(stats_.seconds);
   if (on_nccl(full)) return reduce_scatter_nccl(full, extents);
+  if (shm_ && !full.is_cuda()) return reduce_scatter_shared_memory(full, extents);
   // Gloo's reduce_scatter all-reduces the whole tensor. An all-to-all moves exactly a reduce-scatter's
   // traffic: rank r sends rows of chunk q to rank q and receives every rank's
   // copy of chunk r, then sums them in rank order. Types Gloo cannot add travel
@@ -285,6 +292,24 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
   const bool low_precision = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
   // One pass over the received copies, in rank order; integers stay in their type.
   torch::Tensor result = parts.sum(0, /*keepdim=*/false, low_precision ? torch::kFloat32 : full.scalar_type());
+  return low_precision ? result.to(full.scalar_type()) : result;
+}
+
+// Each rank sums only its own rows of every member's copy, in rank order (in
+// fp32 for 16-bit types, as the Gloo path does).
+torch::Tensor Comm::reduce_scatter_shared_memory(const torch::Tensor& full, const std::vector<int64_t>& extents) {
+  const int64_t row_numel = full.numel() / std::max<int64_t>(full.size(0), 1);
+  const int64_t first_row = std::accumulate(extents.begin(), extents.begin() + rank_, int64_t{0});
+  const bool low_precision = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
+  const torch::Tensor buffer = low_precision ? full.to(torch::kFloat32) : full.contiguous();
+  std::vector<int64_t> chunk_shape = full.sizes().vec();
+  chunk_shape[0] = extents[rank_];
+  torch::Tensor result;
+  try {
+    result = shm_->reduce_scatter(buffer, first_row * row_numel, extents[rank_] * row_numel).view(chunk_shape);
+  } catch (const std::exception& error) {
+    fail("reduce_scatter", error);
+  }
   return low_precision ? result.to(full.scalar_type()) : result;
 }
 

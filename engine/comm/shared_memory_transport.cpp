@@ -172,6 +172,61 @@ void SharedMemoryTransport::wait_for_all(int64_t generation) {
   }
 }
 
+int64_t SharedMemoryTransport::exchange(const void* data, int64_t bytes) {
+  const int64_t generation = ++generation_;
+  const int64_t set = generation % 2;
+  if (bytes > 0) std::memcpy(slot(set, rank_), data, static_cast<size_t>(bytes));
+  counters(mapping_)[rank_].generation.store(generation, std::memory_order_release);
+  wait_for_all(generation);
+  return set;
+}
+
+torch::Tensor SharedMemoryTransport::reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length) {
+  TORCH_CHECK(full.is_contiguous() && begin >= 0 && length >= 0 && begin + length <= full.numel(),
+              "SharedMemoryTransport::reduce_scatter: range [", begin, ", ", begin + length, ") of a ",
+              full.numel(), "-element tensor");
+  torch::NoGradGuard no_grad;
+  const int64_t element = static_cast<int64_t>(full.element_size());
+  const int64_t chunk = options_.slot_bytes / element;
+  auto flat = full.view({-1});
+  auto result = torch::empty({length}, full.options());
+  for (int64_t offset = 0; offset < flat.numel(); offset += chunk) {
+    const int64_t count = std::min(chunk, flat.numel() - offset);
+    const int64_t set = exchange(flat.narrow(0, offset, count).data_ptr(), count * element);
+    // This member's range within the chunk, read from every member in rank order.
+    const int64_t lo = std::max(offset, begin), hi = std::min(offset + count, begin + length);
+    if (lo >= hi) continue;
+    auto member = [&](int r) {
+      return torch::from_blob(slot(set, r) + (lo - offset) * element, {hi - lo}, full.options());
+    };
+    auto out = result.narrow(0, lo - begin, hi - lo);
+    if (size_ == 1) {
+      out.copy_(member(0));
+      continue;
+    }
+    at::add_out(out, member(0), member(1));
+    for (int r = 2; r < size_; ++r) out.add_(member(r));
+  }
+  return result;
+}
+
+void SharedMemoryTransport::all_gather(const torch::Tensor& local, torch::Tensor& out) {
+  TORCH_CHECK(local.is_contiguous() && out.is_contiguous() && out.numel() == local.numel() * size_,
+              "SharedMemoryTransport::all_gather: ", out.numel(), " output elements for ", size_, " blocks of ",
+              local.numel());
+  const int64_t element = static_cast<int64_t>(local.element_size());
+  const int64_t chunk = options_.slot_bytes / element;
+  const int64_t block = local.numel();
+  auto* destination = static_cast<uint8_t*>(out.data_ptr());
+  const auto* source = static_cast<const uint8_t*>(local.data_ptr());
+  for (int64_t offset = 0; offset < block; offset += chunk) {
+    const int64_t count = std::min(chunk, block - offset);
+    const int64_t set = exchange(source + offset * element, count * element);
+    for (int r = 0; r < size_; ++r)
+      std::memcpy(destination + (r * block + offset) * element, slot(set, r), static_cast<size_t>(count * element));
+  }
+}
+
 void SharedMemoryTransport::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   TORCH_CHECK(tensor.is_contiguous(), "SharedMemoryTransport::all_reduce needs a contiguous tensor");
   torch::NoGradGuard no_grad;

@@ -244,9 +244,9 @@ void register_bench_comm(CLI::App& app) {
     for (const auto& op : ops) {
       for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= args->factor) {
         std::vector<std::string> row_impls;
-        // The shared-memory transport only carries all-reduces: comm-gloo rows would repeat comm rows.
+        // Broadcast never uses the shared-memory transport: comm-gloo rows would repeat comm rows.
         for (const auto& impl : impls)
-          if (impl != "comm-gloo" || op == "all_reduce") row_impls.push_back(impl);
+          if (impl != "comm-gloo" || op != "broadcast") row_impls.push_back(impl);
         // Whole elements, a multiple of the world for the split collectives.
         int64_t count = std::max<int64_t>(bytes / 4, 1);
         if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n * n, n);

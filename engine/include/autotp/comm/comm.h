@@ -59,16 +59,18 @@ class Comm {
   // every rank's chunk length; empty = equal chunks). NCCL (CUDA tensors) runs
   // its reduce-scatter. Gloo's reduce_scatter is an all-reduce underneath, so on
   // Gloo this is an all-to-all (each rank receives every rank's copy of its own
-  // chunk: the traffic of a true reduce-scatter) and a local sum in rank order.
+  // chunk: the traffic of a true reduce-scatter) and a local sum in rank order;
+  // over shared memory each rank sums only its own rows of every member's copy.
   torch::Tensor reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
   void barrier();
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
-  // All-reduces of this group go through `transport` (every member on this
-  // host, see shared_memory_transport.h) instead of the process group; null
-  // restores the process group. Every member must make the same choice.
+  // All-reduces, all-gathers and reduce-scatters of CPU tensors of this group go
+  // through `transport` (every member on this host, see shared_memory_transport.h)
+  // instead of the process group; null restores the process group. Every member
+  // must make the same choice.
   void use_shared_memory(std::shared_ptr<SharedMemoryTransport> transport);
   bool uses_shared_memory() const { return shm_ != nullptr; }
   const std::shared_ptr<SharedMemoryTransport>& shared_memory() const { return shm_; }
@@ -81,6 +83,7 @@ class Comm {
   [[noreturn]] void fail(const char* op, const std::exception& error) const;
   void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
   torch::Tensor reduce_scatter_nccl(const torch::Tensor& full, const std::vector<int64_t>& extents);
+  torch::Tensor reduce_scatter_shared_memory(const torch::Tensor& full, const std::vector<int64_t>& extents);
   // True when `tensor`'s collectives run on NCCL (a CUDA tensor in an NCCL group).
   bool on_nccl(const torch::Tensor& tensor) const { return backend_ == Backend::kNccl && tensor.is_cuda(); }
 

@@ -1,5 +1,7 @@
-// SharedMemoryTransport: all-reduce among the members of one group that all run
-// on this host, through one POSIX shared-memory segment instead of loopback TCP.
+// SharedMemoryTransport: all-reduce, reduce-scatter and all-gather among the
+// members of one group that all run on this host, through one POSIX
+// shared-memory segment instead of loopback TCP (a reduce-scatter reads only
+// its own range of every slot; an all-gather copies every slot out).
 // Each rank copies a chunk of its tensor into its own slot, announces it with a
 // per-rank generation counter, waits for every member, then sums (max, min) all
 // slots in rank order into its tensor. Every rank therefore gets bit-identical
@@ -46,6 +48,14 @@ class SharedMemoryTransport {
   // In place; `tensor` must be contiguous and of a dtype torch can add (the Comm
   // converts bfloat16 to float32 first, as for Gloo).
   void all_reduce(torch::Tensor& tensor, ReduceOp op);
+  // Reduce-scatter: every member passes the same-length contiguous `full`; the
+  // result is the sum over members of full[begin, begin + length) (this member's
+  // range; ranges may differ per member). Each member reads only its own range
+  // of the others' slots, summed in rank order.
+  torch::Tensor reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length);
+  // All-gather of equal-length contiguous blocks: `out` (size x local.numel(),
+  // contiguous) gets member r's block at r * local.numel().
+  void all_gather(const torch::Tensor& local, torch::Tensor& out);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -53,6 +63,9 @@ class SharedMemoryTransport {
  private:
   SharedMemoryTransport() = default;
   void wait_for_all(int64_t generation);
+  // Publishes `bytes` of `data` in this member's slot of a new generation and
+  // waits for every member's; returns the slot set to read.
+  int64_t exchange(const void* data, int64_t bytes);
   uint8_t* slot(int64_t set, int member) const;
 
   int rank_ = 0, size_ = 1;
