@@ -40,6 +40,11 @@ torch::Tensor reduction_buffer(const torch::Tensor& tensor, bool nccl) {
   if (tensor.scalar_type() == torch::kBFloat16 && !nccl) return tensor.to(torch::kFloat32);
   return tensor.contiguous();
 }
+// 16-bit floats are summed in fp32 by the CPU reduce-scatters (as by all_reduce).
+bool is_16bit_float(const torch::Tensor& tensor) {
+  return tensor.scalar_type() == torch::kBFloat16 || tensor.scalar_type() == torch::kFloat16;
+}
+
 torch::Tensor movement_view(const torch::Tensor& tensor) {
   switch (tensor.scalar_type()) {
     case torch::kFloat32:
@@ -289,7 +294,7 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
     shape.insert(shape.begin(), size_);
     return shape;
   }());
-  const bool low_precision = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
+  const bool low_precision = is_16bit_float(full);
   // One pass over the received copies, in rank order; integers stay in their type.
   torch::Tensor result = parts.sum(0, /*keepdim=*/false, low_precision ? torch::kFloat32 : full.scalar_type());
   return low_precision ? result.to(full.scalar_type()) : result;
@@ -300,7 +305,7 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
 torch::Tensor Comm::reduce_scatter_shared_memory(const torch::Tensor& full, const std::vector<int64_t>& extents) {
   const int64_t row_numel = full.numel() / std::max<int64_t>(full.size(0), 1);
   const int64_t first_row = std::accumulate(extents.begin(), extents.begin() + rank_, int64_t{0});
-  const bool low_precision = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
+  const bool low_precision = is_16bit_float(full);
   const torch::Tensor buffer = low_precision ? full.to(torch::kFloat32) : full.contiguous();
   std::vector<int64_t> chunk_shape = full.sizes().vec();
   chunk_shape[0] = extents[rank_];

@@ -17,18 +17,6 @@ DeviceKind parse_device(const std::string& name) {
   throw_user_error("unknown device '{}' (allowed: cpu, cuda, auto)", name);
 }
 
-std::string device_kind_name(DeviceKind kind) {
-  switch (kind) {
-    case DeviceKind::kCpu:
-      return "cpu";
-    case DeviceKind::kCuda:
-      return "cuda";
-    case DeviceKind::kAuto:
-      return "auto";
-  }
-  return "?";
-}
-
 int cuda_device_count() {
   // device_count() reports 0 (not an error) when there is no driver or no GPU.
   return torch::cuda::is_available() ? static_cast<int>(c10::cuda::device_count()) : 0;

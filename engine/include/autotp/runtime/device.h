@@ -17,7 +17,6 @@ enum class DeviceKind { kCpu, kCuda, kAuto };
 
 // "cpu" | "cuda" | "auto"; anything else is a UserError listing the allowed values.
 DeviceKind parse_device(const std::string& name);
-std::string device_kind_name(DeviceKind kind);
 int cuda_device_count();  // 0 without a GPU (or without a driver)
 
 // The device of local rank `local_rank` of `local_world_size` ranks on this host:
