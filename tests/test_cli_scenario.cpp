@@ -41,7 +41,11 @@ class CliScenario : public ::testing::Test {
             {"seq_len", 32},
             {"seed", 5},
             {"world_size", 2},
-            {"config", {{"train_batch_size", 4}, {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}}}},
+            // Every tensor partitioned at ZeRO-3 (llama-tiny's would all stay whole by default).
+            {"config",
+             {{"train_batch_size", 4},
+              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+              {"zero_optimization", {{"stage3_param_persistence_threshold", 0}}}}},
             {"baseline", {{"name", "z3"}}},
             {"variants", json::array({{{"name", "tp2_z1"}, {"tp", 2}, {"zero_stage", 1}}})},
             {"checks",

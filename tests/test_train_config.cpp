@@ -301,7 +301,7 @@ INSTANTIATE_TEST_SUITE_P(
                   {"unknown key 'tensor_parallel.tp_size'", "autotp_size"}},
         ErrorCase{
             R"({"activation_checkpointing": {"partition_activations": true}})",
-            {"unknown key 'activation_checkpointing.partition_activations'", "allowed: enabled, layers"}},
+            {"unknown key 'activation_checkpointing.partition_activations'", "allowed: enabled, mode, layers"}},
         ErrorCase{R"({"something_else": 1})", {"unknown key 'something_else'", "allowed: train_batch_size"}},
         ErrorCase{R"({"optimizer": {"type": "Adam", "params": {"momentum": 0.9}}})",
                   {"unknown key 'optimizer.params.momentum' for optimizer type Adam",

@@ -28,7 +28,8 @@ std::string step_dir_name(int64_t step) { return fmt::format("step_{}", step); }
 
 json CheckpointMetadata::to_json() const {
   json tensor_list = json::array();
-  for (const auto& t : tensors) tensor_list.push_back({{"name", t.name}, {"spec", t.spec.to_json()}});
+  for (const auto& t : tensors)
+    tensor_list.push_back({{"name", t.name}, {"spec", t.spec.to_json()}, {"unit", t.unit}});
   json file_list = json::array();
   for (const auto& f : files)
     file_list.push_back(
@@ -52,8 +53,9 @@ CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::strin
   AUTOTP_USER_CHECK(j.is_object() && j.value("format", "") == "autotp-checkpoint",
                     "{}: not an autotp checkpoint metadata file", source);
   const int version = j.value("version", -1);
-  AUTOTP_USER_CHECK(version == kCheckpointFormatVersion, "{}: checkpoint format version {} (this build reads {})",
-                    source, version, kCheckpointFormatVersion);
+  AUTOTP_USER_CHECK(version >= kOldestCheckpointFormatVersion && version <= kCheckpointFormatVersion,
+                    "{}: checkpoint format version {} (this build reads {} to {})", source, version,
+                    kOldestCheckpointFormatVersion, kCheckpointFormatVersion);
   CheckpointMetadata m;
   try {
     m.step = j.at("step").get<int64_t>();
@@ -70,7 +72,8 @@ CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::strin
       m.files.push_back({f.at("name").get<std::string>(), f.at("tp_rank").get<int>(), f.at("dp_rank").get<int>(),
                          f.at("crc32").get<uint32_t>(), f.at("bytes").get<uint64_t>()});
     for (const auto& t : j.at("tensors"))
-      m.tensors.push_back({t.at("name").get<std::string>(), ShardSpec::from_json(t.at("spec"))});
+      m.tensors.push_back({t.at("name").get<std::string>(), ShardSpec::from_json(t.at("spec")),
+                           version >= 2 ? t.at("unit").get<int>() : 0});
     m.model_config = j.at("model_config");
     m.train_config = j.at("train_config");
   } catch (const json::exception& e) {
@@ -88,8 +91,9 @@ CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::strin
 
 FlatLayout CheckpointMetadata::layout(int tp_rank) const {
   std::vector<const ShardSpec*> specs;
-  for (const auto& t : tensors) specs.push_back(&t.spec);
-  return FlatLayout::build(specs, tp_rank, dp, stage);
+  std::vector<int> units;
+  for (const auto& t : tensors) specs.push_back(&t.spec), units.push_back(t.unit);
+  return FlatLayout::build(specs, units, tp_rank, dp, stage);
 }
 
 std::optional<size_t> CheckpointMetadata::find(const std::string& name) const {
@@ -175,18 +179,29 @@ torch::Tensor SavedCheckpoint::read_flat(int tp_rank, const std::string& state, 
   const FlatLayout& layout = layouts_.at(tp_rank);
   TORCH_CHECK(begin >= 0 && begin + length <= layout.padded, "SavedCheckpoint::read_flat: [", begin, ", +", length,
               ") outside the flat buffer of ", layout.padded);
-  std::vector<torch::Tensor> pieces;
-  const int holders = meta_.stage == 0 ? 1 : meta_.dp;  // stage 0: dp 0 holds the whole buffer
-  for (int d = 0; d < holders; ++d) {
-    const int64_t lo = std::max(begin, layout.part_offset(d));
-    const int64_t hi = std::min(begin + length, layout.part_offset(d) + layout.part);
-    if (hi <= lo) continue;
-    const SafetensorsFile& f = file(tp_rank, d);
+  if (meta_.stage == 0) {  // dp 0 holds the whole buffer
+    const SafetensorsFile& f = file(tp_rank, 0);
     AUTOTP_USER_CHECK(f.contains(name), "{}: has no tensor '{}'", f.path(), name);
-    AUTOTP_USER_CHECK(f.info(name).shape == std::vector<int64_t>{layout.part},
-                      "{}: tensor '{}' does not have the partition size {} of the metadata", f.path(), name,
-                      layout.part);
-    pieces.push_back(f.read_slice(name, 0, lo - layout.part_offset(d), hi - lo, torch::kFloat32));
+    return f.read_slice(name, 0, begin, length, torch::kFloat32);
+  }
+  // Each dp rank holds its slice of every unit; the span may cross units.
+  std::vector<torch::Tensor> pieces;
+  for (int64_t at = begin; at < begin + length;) {
+    const FlatUnit& u = layout.units[layout.unit_at(at)];
+    const int64_t unit_end = std::min(begin + length, u.begin + u.length);
+    const int64_t s = u.length / layout.dp;
+    for (int d = 0; d < layout.dp; ++d) {
+      const int64_t own = u.begin + d * s;
+      const int64_t lo = std::max(at, own), hi = std::min(unit_end, own + s);
+      if (hi <= lo) continue;
+      const SafetensorsFile& f = file(tp_rank, d);
+      AUTOTP_USER_CHECK(f.contains(name), "{}: has no tensor '{}'", f.path(), name);
+      AUTOTP_USER_CHECK(f.info(name).shape == std::vector<int64_t>{layout.part},
+                        "{}: tensor '{}' does not have the partition size {} of the metadata", f.path(), name,
+                        layout.part);
+      pieces.push_back(f.read_slice(name, 0, u.begin / layout.dp + (lo - own), hi - lo, torch::kFloat32));
+    }
+    at = unit_end;
   }
   if (pieces.empty()) return torch::zeros({0}, torch::kFloat32);
   return pieces.size() == 1 ? pieces[0] : torch::cat(pieces);

@@ -53,7 +53,11 @@ using LayerFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
 struct CheckpointFn {
   LayerFn run;
-  std::function<void()> after_backward;
+  std::function<void()> before_backward, after_backward;
+};
+
+struct BackwardCall {
+  std::function<void()> fn;
 };
 
 namespace {
@@ -61,8 +65,9 @@ namespace {
 // Activation checkpointing: the forward keeps only the layer input; the backward
 // recomputes the layer with autograd on (re-running its tp collectives in the
 // same order on every rank) and back-propagates through the recomputation,
-// which accumulates the parameter gradients. `after_backward` runs once that
-// is done (ZeRO-3 releases the layer's parameters there).
+// which accumulates the parameter gradients. `before_backward` runs ahead of the
+// recomputation (ZeRO-3 gathers the layer there), `after_backward` once the
+// gradients are accumulated (ZeRO-3 releases, ZeRO-2/3 reduce them).
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, CheckpointFn* fn) {
@@ -74,6 +79,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
                                                  torch::autograd::variable_list grad_outputs) {
     auto* fn = reinterpret_cast<CheckpointFn*>(ctx->saved_data["fn"].toInt());
     auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    if (fn->before_backward) fn->before_backward();
     torch::Tensor y;
     {
       torch::AutoGradMode enable(true);
@@ -85,35 +91,95 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
+// Identity whose backward runs a hook: on a use's output it runs before the
+// use's backward (every gradient into the use flows through it); on its input
+// after that backward, once autograd has accumulated the use's parameter
+// gradients (their AccumulateGrad nodes outrank every other node).
+class BackwardHook : public torch::autograd::Function<BackwardHook> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, BackwardCall* call) {
+    ctx->saved_data["call"] = reinterpret_cast<int64_t>(call);
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    reinterpret_cast<BackwardCall*>(ctx->saved_data["call"].toInt())->fn();
+    return {grad_outputs[0], torch::Tensor()};
+  }
+};
+
+// Selective recomputation of the attention core: only q, k, v are kept; the
+// backward re-runs the attention with autograd on and back-propagates through it.
+class RecomputedAttention : public torch::autograd::Function<RecomputedAttention> {
+ public:
+  using Core = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, Core* core) {
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["core"] = reinterpret_cast<int64_t>(core);
+    return (*core)(q, k, v);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* core = reinterpret_cast<Core*>(ctx->saved_data["core"].toInt());
+    auto saved = ctx->get_saved_variables();
+    std::vector<torch::Tensor> inputs;
+    for (auto& t : saved) inputs.push_back(t.detach().requires_grad_(true));
+    torch::Tensor y;
+    {
+      torch::AutoGradMode enable(true);
+      y = (*core)(inputs[0], inputs[1], inputs[2]);
+    }
+    auto grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]});
+    return {grads[0], grads[1], grads[2], torch::Tensor()};
+  }
+};
+
+void call_hook(const std::function<void(int64_t)>& hook, int64_t use) {
+  if (hook) hook(use);
+}
+
 }  // namespace
 
-torch::Tensor CausalLM::run_layer(int64_t layer, const torch::Tensor& x, LayerFn fn) {
-  const bool hooked = static_cast<bool>(hooks_.before);
-  const bool checkpoint =
-      hooked || (layer < static_cast<int64_t>(checkpoint_layers_.size()) && checkpoint_layers_[layer]);
-  if (!checkpoint || !torch::GradMode::is_enabled()) {
-    if (hooked) hooks_.before(layer);
+torch::Tensor CausalLM::run_use(int64_t use, const torch::Tensor& x, LayerFn fn, bool checkpoint) {
+  const UseHooks& h = hooks_;
+  if (!torch::GradMode::is_enabled()) {
+    call_hook(h.before_forward, use);
     auto y = fn(x);
-    if (hooked) hooks_.after(layer);
+    call_hook(h.after_forward, use);
     return y;
   }
-  auto entry = std::make_unique<CheckpointFn>();
-  if (hooked) {
-    // The forward (autograd off inside the Function) releases at once; the backward's
-    // recomputation releases after its inner backward has accumulated the gradients.
-    auto hooks = hooks_;
-    entry->run = [fn, hooks, layer](const torch::Tensor& in) {
-      hooks.before(layer);
+  if (checkpoint) {
+    // The forward runs with autograd off inside the Function; the recomputation with it on.
+    auto entry = std::make_unique<CheckpointFn>();
+    UseHooks hooks = hooks_;
+    entry->run = [fn, hooks, use](const torch::Tensor& in) {
+      const bool recomputing = torch::GradMode::is_enabled();
+      if (!recomputing) call_hook(hooks.before_forward, use);
       auto y = fn(in);
-      if (!torch::GradMode::is_enabled()) hooks.after(layer);
+      if (!recomputing) call_hook(hooks.after_forward, use);
       return y;
     };
-    entry->after_backward = [hooks, layer] { hooks.after(layer); };
-  } else {
-    entry->run = std::move(fn);
+    entry->before_backward = [hooks, use] { call_hook(hooks.before_backward, use); };
+    entry->after_backward = [hooks, use] { call_hook(hooks.after_backward, use); };
+    CheckpointFn* raw = entry.get();
+    backward_state_.push_back(std::shared_ptr<CheckpointFn>(std::move(entry)));
+    return CheckpointedLayer::apply(x, raw);
   }
-  checkpoint_fns_.push_back(std::move(entry));
-  return CheckpointedLayer::apply(x, checkpoint_fns_.back().get());
+  auto backward_call = [this](std::function<void()> fn) {
+    auto call = std::make_shared<BackwardCall>(BackwardCall{std::move(fn)});
+    backward_state_.push_back(call);
+    return call.get();
+  };
+  torch::Tensor in = x;
+  if (h.after_backward && x.requires_grad())
+    in = BackwardHook::apply(x, backward_call([h, use] { h.after_backward(use); }));
+  call_hook(h.before_forward, use);
+  auto y = fn(in);
+  call_hook(h.after_forward, use);
+  if (h.before_backward && y.requires_grad())
+    y = BackwardHook::apply(y, backward_call([h, use] { h.before_backward(use); }));
+  return y;
 }
 
 LocalHeads local_heads(const ModelConfig& c, const ShardSpec& q_spec, int tp_rank) {
@@ -247,7 +313,14 @@ torch::Tensor CausalLM::attention(const std::string& q_param, const torch::Tenso
                                   const torch::Tensor& v) {
   // q: [B, Hq, T, D]; k, v: [B, Hkv_local, T, D]
   auto heads = local_heads(config_, find(q_param)->spec(), tp_.rank());
-  return causal_attention(q, k, v, heads.kv_index, 1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
+  auto core = std::make_shared<RecomputedAttention::Core>(
+      [kv_index = heads.kv_index, scale](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+        return causal_attention(q, k, v, kv_index, scale);
+      });
+  if (!selective_recompute_ || !torch::GradMode::is_enabled() || !q.requires_grad()) return (*core)(q, k, v);
+  backward_state_.push_back(core);
+  return RecomputedAttention::apply(q, k, v, core.get());
 }
 
 torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,
@@ -329,17 +402,20 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   const int64_t T = input_ids.size(1);
   AUTOTP_USER_CHECK(T <= config_.max_positions, "sequence length {} exceeds the model's {} positions", T,
                     config_.max_positions);
-  checkpoint_fns_.clear();  // the previous step's backward is done
+  backward_state_.clear();  // the previous forward's backward is done
+  auto checkpointed = [this](int64_t l) {
+    return l < static_cast<int64_t>(checkpoint_layers_.size()) && checkpoint_layers_[l];
+  };
+  // The embeddings' backward reads no parameter: hooks around the forward only.
+  call_hook(hooks_.before_forward, kEmbeddingUse);
   auto x = embed(input_ids);
-  if (config_.family == ModelFamily::kGpt2) {
+  if (config_.family == ModelFamily::kGpt2)
     x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, on_device.dtype(torch::kLong))).unsqueeze(0);
+  call_hook(hooks_.after_forward, kEmbeddingUse);
+  if (config_.family == ModelFamily::kGpt2) {
     for (int64_t l = 0; l < config_.num_layers; ++l)
-      x = run_layer(l, x, [this, l](const torch::Tensor& in) { return gpt2_layer(l, in); });
-    const int64_t H = x.size(-1);
-    return F::layer_norm(x, F::LayerNormFuncOptions({H})
-                                .weight(tensor("transformer.ln_f.weight"))
-                                .bias(tensor("transformer.ln_f.bias"))
-                                .eps(config_.norm_eps));
+      x = run_use(l, x, [this, l](const torch::Tensor& in) { return gpt2_layer(l, in); }, checkpointed(l));
+    return x;
   }
   // Rotary tables in fp32 as HF computes them, then cast to the activation dtype.
   const int64_t D = config_.head_dim;
@@ -350,11 +426,27 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos().to(dtype_).view({1, 1, T, D}), sin = emb.sin().to(dtype_).view({1, 1, T, D});
   for (int64_t l = 0; l < config_.num_layers; ++l)
-    x = run_layer(l, x, [this, l, cos, sin](const torch::Tensor& in) { return llama_layer(l, in, cos, sin); });
+    x = run_use(
+        l, x, [this, l, cos, sin](const torch::Tensor& in) { return llama_layer(l, in, cos, sin); }, checkpointed(l));
+  return x;
+}
+
+torch::Tensor CausalLM::final_norm(const torch::Tensor& x) {
+  if (config_.family == ModelFamily::kGpt2) {
+    const int64_t H = x.size(-1);
+    return F::layer_norm(x, F::LayerNormFuncOptions({H})
+                                .weight(tensor("transformer.ln_f.weight"))
+                                .bias(tensor("transformer.ln_f.bias"))
+                                .eps(config_.norm_eps));
+  }
   return rms_norm(x, tensor("model.norm.weight"), config_.norm_eps);
 }
 
-torch::Tensor CausalLM::forward(const torch::Tensor& input_ids) { return lm_head_logits(hidden_states(input_ids)); }
+torch::Tensor CausalLM::forward(const torch::Tensor& input_ids) {
+  return run_use(
+      head_use(), hidden_states(input_ids),
+      [this](const torch::Tensor& x) { return lm_head_logits(final_norm(x)); }, /*checkpoint=*/false);
+}
 
 torch::Tensor CausalLM::token_losses(const torch::Tensor& input_ids, const torch::Tensor& targets) {
   return losses_from_logits(forward(input_ids), targets);

@@ -16,4 +16,16 @@ torch::Tensor masked_sum_of_squares(const torch::Tensor& values, const torch::Te
   return sum;
 }
 
+torch::Tensor sum_of_squares(const torch::Tensor& values) {
+  TORCH_CHECK(values.dim() == 1, "sum_of_squares: values must be 1-D, got ", values.sizes());
+  torch::NoGradGuard no_grad;
+  auto sum = torch::zeros({1}, values.options().dtype(torch::kFloat64));
+  const int64_t n = values.numel();
+  for (int64_t begin = 0; begin < n; begin += kGradNormChunk) {
+    auto chunk = values.narrow(0, begin, std::min(kGradNormChunk, n - begin)).to(torch::kFloat64);
+    sum.add_(at::dot(chunk, chunk));
+  }
+  return sum;
+}
+
 }  // namespace autotp

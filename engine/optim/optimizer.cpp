@@ -19,17 +19,25 @@ FlatOptimizer::FlatOptimizer(const OptimizerConfig& config, int64_t numel, torch
 }
 
 void FlatOptimizer::step(torch::Tensor& params, const torch::Tensor& grads_in, double lr) {
+  begin_step();
+  update(0, params, grads_in, lr);
+}
+
+void FlatOptimizer::update(int64_t offset, torch::Tensor params, const torch::Tensor& grads_in, double lr) {
   torch::NoGradGuard no_grad;
-  ++step_;
+  TORCH_CHECK(step_ > 0, "FlatOptimizer::update before begin_step");
+  const int64_t n = params.numel();
+  auto slice = [&](const torch::Tensor& state) { return state.narrow(0, offset, n); };
   const double wd = config_.weight_decay;
   if (config_.type == "SGD") {
     torch::Tensor d = wd != 0 ? grads_in.add(params, wd) : grads_in;
     if (momentum_.defined()) {
+      auto buf = slice(momentum_);
       if (step_ == 1)
-        momentum_.copy_(d);
+        buf.copy_(d);
       else
-        momentum_.mul_(config_.momentum).add_(d);
-      d = momentum_;
+        buf.mul_(config_.momentum).add_(d);
+      d = buf;
     }
     params.add_(d, -lr);
     return;
@@ -40,7 +48,7 @@ void FlatOptimizer::step(torch::Tensor& params, const torch::Tensor& grads_in, d
   const bool decoupled = config_.type == "AdamW" || config_.adam_w_mode;
   auto steps = torch::full({}, static_cast<double>(step_),
                            torch::TensorOptions().dtype(torch::kFloat32).device(params.device()));
-  const std::vector<torch::Tensor> p{params}, g{grads_in}, m{exp_avg_}, v{exp_avg_sq_}, t{steps};
+  const std::vector<torch::Tensor> p{params}, g{grads_in}, m{slice(exp_avg_)}, v{slice(exp_avg_sq_)}, t{steps};
   if (decoupled)
     at::_fused_adamw_(p, g, m, v, {}, t, lr, config_.beta1, config_.beta2, wd, config_.eps, /*amsgrad=*/false,
                       /*maximize=*/false);

@@ -54,6 +54,7 @@ io::CheckpointMetadata trainer_metadata(Trainer& trainer) {
   m.stage = zero.stage();
   m.dtype = hf_dtype_name(trainer.model().dtype());
   m.tensors = model_tensors(trainer.model());
+  for (size_t i = 0; i < m.tensors.size(); ++i) m.tensors[i].unit = zero.unit_ids()[i];
   m.optimizer_states = optimizer_state_names(partition);
   m.model_config = trainer.model().config().raw;
   m.train_config = trainer.config().to_json();
@@ -115,11 +116,17 @@ AssembledPartition assemble_partition(const io::SavedCheckpoint& ckpt,
                                       const std::vector<std::pair<std::string, const ShardSpec*>>& specs,
                                       int tp_rank, const FlatLayout& layout, int dp_rank,
                                       const std::vector<std::string>& optimizer_states) {
-  const int64_t begin = layout.part_offset(dp_rank), end = begin + layout.part;
+  // The partition is the rank's slice of every unit, one stretch of the flat buffer each.
+  auto assemble = [&](const std::string& state) {
+    auto out = torch::zeros({layout.part}, torch::kFloat32);
+    for (const auto& piece : layout.pieces(dp_rank))
+      out.narrow(0, piece.part_begin, piece.length)
+          .copy_(ckpt.assemble(state, specs, tp_rank, layout, piece.flat_begin, piece.flat_begin + piece.length));
+    return out;
+  };
   AssembledPartition part;
-  part.master = ckpt.assemble("master", specs, tp_rank, layout, begin, end);
-  for (const auto& name : optimizer_states)
-    part.optimizer[name] = ckpt.assemble("optimizer." + name, specs, tp_rank, layout, begin, end);
+  part.master = assemble("master");
+  for (const auto& name : optimizer_states) part.optimizer[name] = assemble("optimizer." + name);
   return part;
 }
 
@@ -306,8 +313,12 @@ std::string reshard_checkpoint(const io::SavedCheckpoint& ckpt, int tp, int dp, 
   meta.stage = stage;
   meta.tensors.clear();
   std::vector<std::pair<std::string, const ShardSpec*>> specs;
+  const int64_t threshold = meta.train_config.value("zero_optimization", nlohmann::json::object())
+                                .value("stage3_param_persistence_threshold",
+                                       ZeroConfig{}.stage3_param_persistence_threshold);
+  const std::vector<int> units = zero_unit_ids(plan, stage, threshold);
   for (const auto& e : plan.entries()) {
-    meta.tensors.push_back({e.desc.name, e.spec});
+    meta.tensors.push_back({e.desc.name, e.spec, units[meta.tensors.size()]});
     specs.emplace_back(e.desc.name, &e.spec);
     AUTOTP_USER_CHECK(old.find(e.desc.name), "checkpoint {}: has no tensor '{}'", ckpt.dir(), e.desc.name);
   }

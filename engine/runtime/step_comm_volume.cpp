@@ -1,6 +1,9 @@
 #include "autotp/runtime/step_comm_volume.h"
 
-#include <regex>
+#include <algorithm>
+
+#include "autotp/zero/zero_traffic.h"
+#include "autotp/zero/zero_units.h"
 
 namespace autotp {
 namespace {
@@ -46,42 +49,35 @@ StepCommVolume analytic_step_comm_volume(CausalLM& model, const TrainConfig& con
   const int64_t N = shape.micro_batch * shape.seq_len;  // tokens of one micro-batch
   const int64_t e = static_cast<int64_t>(c10::elementSize(model.dtype()));
   const int64_t activation = N * mc.hidden_size * e;  // one [B, T, hidden] activation
-  // Gradients are reduced from the fp32 accumulator in mixed precision, else in the model dtype.
-  const int64_t grad_e = model.dtype() == torch::kFloat32 ? e : 4;
+  // Gradients are reduced in the model dtype, or from the fp32 accumulator with
+  // 16-bit gradient accumulation at stages 0-1 (ZeroOptimizer).
+  const bool fp32_accumulation = model.dtype() != torch::kFloat32 && G > 1;
+  const int64_t grad_e = fp32_accumulation && stage <= 1 ? 4 : e;
 
-  // Which decoder layers recompute in the backward (ZeRO-3 implies all of them).
-  std::vector<bool> recompute(mc.num_layers, stage == 3);
-  if (config.activation_checkpointing.enabled) {
+  // Which decoder layers recompute in the backward (full activation checkpointing).
+  std::vector<bool> recompute(mc.num_layers, false);
+  if (config.activation_checkpointing.enabled && config.activation_checkpointing.mode != "selective") {
     for (int64_t l = 0; l < mc.num_layers; ++l)
       if (config.activation_checkpointing.layers.empty()) recompute[l] = true;
     for (int64_t l : config.activation_checkpointing.layers) recompute[l] = true;
   }
-  // Per layer: its parameter numel on this rank, and its row-parallel linears
-  // (one all-reduce each in the forward; their blocks' column inputs give one
-  // all-reduce each in the backward, copy_to_tp).
-  static const std::regex layer_name(R"(\.(layers|h)\.([0-9]+)\.)");
-  std::vector<int64_t> layer_numel(mc.num_layers, 0), row_linears(mc.num_layers, 0);
-  int64_t local_numel = 0, outer_count = 0, outer_numel = 0;
+  // Per layer: its row-parallel linears (one all-reduce each in the forward;
+  // their blocks' column inputs give one all-reduce each in the backward, copy_to_tp).
+  std::vector<int64_t> row_linears(mc.num_layers, 0);
   CollectiveVolume shared_slices;
   for (auto& p : params) {
-    const int64_t n = p.spec().local_numel(shape.tp_rank);
-    local_numel += n;
-    std::smatch match;
-    if (std::regex_search(p.name(), match, layer_name)) {
-      const int64_t l = std::stoll(match[2].str());
-      layer_numel[l] += n;
+    if (const int64_t l = decoder_layer_of(p.name()); l >= 0) {
       const ParamKind kind = p.entry->desc.kind;
       if (p.entry->role == TpRole::kRow && (kind == ParamKind::kLinear || kind == ParamKind::kConv1D))
         ++row_linears[l];
-    } else {
-      ++outer_count;
-      outer_numel += n;
     }
-    // ZeroOptimizer::sync_shared_grads -> sum_shared_slices: one all-reduce of the whole tensor.
+    // sum_shared_slices: one all-reduce of the whole tensor, at the step (stages
+    // 0-1) or with each micro-batch's reduction (stages 2-3).
     if (!p.spec().is_replicated() && p.spec().has_overlap()) {
       int64_t global = 1;
       for (int64_t s : p.spec().global_shape()) global *= s;
-      shared_slices.add(1, global * grad_e);
+      const int64_t times = stage >= 2 ? G : 1;
+      shared_slices.add(times, times * global * grad_e);
     }
   }
 
@@ -109,16 +105,23 @@ StepCommVolume analytic_step_comm_volume(CausalLM& model, const TrainConfig& con
 
   if (d > 1) {
     GroupVolume& dp = v.dp;
-    const int64_t padded = (local_numel + d - 1) / d * d;
     dp.all_reduce.add(1, 16);  // Trainer: target tokens of the global batch (2 x double)
-    const int64_t bucket = std::max<int64_t>(1, config.zero.reduce_bucket_size);
-    dp.all_reduce.add((padded + bucket - 1) / bucket, padded * grad_e);  // ZeroOptimizer::step buckets
-    dp.all_reduce.add(1, 8);                                             // Trainer: loss sum (1 double)
-    if (stage == 1 || stage == 2) dp.all_gather.add(1, padded * e);      // updated partitions redistributed
-    if (stage == 3) {
-      dp.all_gather.add(outer_count, outer_numel * e);  // begin_step: embeddings, final norm, head
-      for (int64_t l = 0; l < mc.num_layers; ++l)
-        dp.all_gather.add(2 * G, 2 * G * layer_numel[l] * e);  // each layer: forward and recomputation
+    dp.all_reduce.add(1, 8);   // Trainer: loss sum (1 double)
+    ZeroStepShape zs;
+    zs.num_layers = mc.num_layers;
+    zs.gradient_accumulation_steps = G;
+    zs.element_bytes = e;
+    zs.fp32_accumulation = fp32_accumulation;
+    zs.tied_embeddings = mc.tie_word_embeddings;
+    zs.reduce_bucket_size = config.zero.reduce_bucket_size;
+    zs.allgather_bucket_size = config.zero.allgather_bucket_size;
+    const FlatLayout layout =
+        zero_layout(model.plan(), shape.tp_rank, d, stage, config.zero.stage3_param_persistence_threshold);
+    for (const auto& c : zero_step_collectives(layout, zs)) {
+      CollectiveVolume& target = c.op == ZeroCollective::Op::kAllReduce  ? dp.all_reduce
+                                 : c.op == ZeroCollective::Op::kAllGather ? dp.all_gather
+                                                                          : dp.reduce_scatter;
+      target.add(c.calls, c.bytes);
     }
   }
   if (t * d > 1) v.world.all_reduce.add(1, 8);  // ZeroOptimizer::step: global gradient norm (1 double)

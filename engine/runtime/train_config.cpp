@@ -257,13 +257,25 @@ ZeroConfig parse_zero(const Section& top) {
   ZeroConfig z;
   // DeepSpeed accepts the stage3_ spelling as an alias of gather_16bit_weights_on_model_save.
   Section s =
-      top.section("zero_optimization", {"stage", "reduce_bucket_size", "gather_16bit_weights_on_model_save",
+      top.section("zero_optimization", {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
+                                        "contiguous_gradients", "stage3_prefetch_bucket_size",
+                                        "stage3_param_persistence_threshold", "gather_16bit_weights_on_model_save",
                                         "stage3_gather_16bit_weights_on_model_save"});
   int64_t stage = s.integer("stage", z.stage);
   s.check(stage >= 0 && stage <= 3, "stage", "0, 1, 2, 3");
   z.stage = static_cast<int>(stage);
   z.reduce_bucket_size = s.integer("reduce_bucket_size", z.reduce_bucket_size);
   s.check(z.reduce_bucket_size >= 1, "reduce_bucket_size", "an integer >= 1 (elements)");
+  z.allgather_bucket_size = s.integer("allgather_bucket_size", z.allgather_bucket_size);
+  s.check(z.allgather_bucket_size >= 1, "allgather_bucket_size", "an integer >= 1 (elements)");
+  z.overlap_comm = s.boolean("overlap_comm", z.overlap_comm);
+  z.contiguous_gradients = s.boolean("contiguous_gradients", z.contiguous_gradients);
+  z.stage3_prefetch_bucket_size = s.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
+  s.check(z.stage3_prefetch_bucket_size >= 0, "stage3_prefetch_bucket_size", "an integer >= 0 (elements)");
+  z.stage3_param_persistence_threshold =
+      s.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  s.check(z.stage3_param_persistence_threshold >= 0, "stage3_param_persistence_threshold",
+          "an integer >= 0 (elements; 0 = partition every tensor)");
   const std::string alias = "stage3_gather_16bit_weights_on_model_save";
   bool plain = s.boolean("gather_16bit_weights_on_model_save", false);
   bool staged = s.boolean(alias, false);
@@ -292,8 +304,13 @@ TensorParallelConfig parse_tensor_parallel(const Section& top) {
 
 ActivationCheckpointingConfig parse_activation_checkpointing(const Section& top) {
   ActivationCheckpointingConfig a;
-  Section s = top.section("activation_checkpointing", {"enabled", "layers"});
+  Section s = top.section("activation_checkpointing", {"enabled", "mode", "layers"});
   a.enabled = s.boolean("enabled", a.enabled);
+  // `mode` alone turns checkpointing on (or off); `enabled` alone means full.
+  a.mode = s.has("mode") ? s.string("mode", "") : (a.enabled ? "full" : "off");
+  s.check(a.mode == "off" || a.mode == "full" || a.mode == "selective", "mode", "\"off\", \"full\", \"selective\"");
+  if (s.has("mode") && !s.has("enabled")) a.enabled = a.mode != "off";
+  if (!a.enabled || a.mode == "off") a.enabled = false, a.mode = "off";
   if (s.has("layers")) {
     const json& layers = s.at("layers");
     bool ok = layers.is_array();
@@ -453,6 +470,11 @@ json TrainConfig::to_json() const {
                {"min_loss_scale", fp16.min_loss_scale}};
   j["zero_optimization"] = {{"stage", zero.stage},
                             {"reduce_bucket_size", zero.reduce_bucket_size},
+                            {"allgather_bucket_size", zero.allgather_bucket_size},
+                            {"overlap_comm", zero.overlap_comm},
+                            {"contiguous_gradients", zero.contiguous_gradients},
+                            {"stage3_prefetch_bucket_size", zero.stage3_prefetch_bucket_size},
+                            {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
                             {"gather_16bit_weights_on_model_save", zero.gather_16bit_weights_on_model_save}};
 
   json tp = {{"autotp_size", tensor_parallel.autotp_size}};
@@ -467,6 +489,7 @@ json TrainConfig::to_json() const {
   }
   j["tensor_parallel"] = std::move(tp);
   j["activation_checkpointing"] = {{"enabled", activation_checkpointing.enabled},
+                                   {"mode", activation_checkpointing.mode},
                                    {"layers", activation_checkpointing.layers}};
   j["seed"] = seed;
   j["steps_per_print"] = steps_per_print;

@@ -48,7 +48,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::un
       model_(std::move(model)),
       data_(std::move(data)),
       shuffle_(shuffle) {
-  if (config_.activation_checkpointing.enabled) {
+  if (config_.activation_checkpointing.enabled && config_.activation_checkpointing.mode == "selective") {
+    AUTOTP_USER_CHECK(config_.activation_checkpointing.layers.empty(),
+                      "activation_checkpointing.layers applies to mode \"full\" only (selective recomputes every layer's attention core)");
+    model_->set_selective_recompute(true);
+  } else if (config_.activation_checkpointing.enabled) {
     const int64_t layers = model_->config().num_layers;
     std::vector<bool> per_layer(layers, config_.activation_checkpointing.layers.empty());
     for (int64_t l : config_.activation_checkpointing.layers) {
@@ -158,8 +162,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.host_cpu = {cpu_at_end.busy_s - cpu_at_start.busy_s, cpu_at_end.steal_s - cpu_at_start.steal_s};
   m.model_states = optimizer_->model_state_bytes();
   m.model_states_analytic =
-      ZeroOptimizer::analytic_bytes(optimizer_->local_numel(), topology_->dp_size(), config_.zero.stage,
-                                    model_->dtype(), config_.optimizer);
+      ZeroOptimizer::analytic_bytes(optimizer_->layout(), model_->dtype(), config_.optimizer,
+                                    optimizer_->fp32_grad_accumulation());
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   m.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;

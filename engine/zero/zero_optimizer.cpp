@@ -19,195 +19,383 @@ nlohmann::json ModelStateBytes::to_json() const {
 }
 
 namespace {
+// Elements the optimizer step upcasts to fp32 at a time (16 MiB of fp32).
+constexpr int64_t kUpdateChunk = int64_t{1} << 22;
+
 int64_t optimizer_state_count(const OptimizerConfig& o) {
   if (o.type == "SGD") return o.momentum != 0 ? 1 : 0;
   return 2;
 }
 }  // namespace
 
-ModelStateBytes ZeroOptimizer::analytic_bytes(int64_t local_numel, int dp, int stage, torch::ScalarType dtype,
-                                              const OptimizerConfig& optimizer) {
-  const FlatLayout layout = FlatLayout::build(std::vector<int64_t>{local_numel}, dp, stage);
+ModelStateBytes ZeroOptimizer::analytic_bytes(const FlatLayout& layout, torch::ScalarType dtype,
+                                              const OptimizerConfig& optimizer, bool fp32_grad_accumulation) {
   const int64_t padded = layout.padded, part = layout.part;
   const int64_t low = static_cast<int64_t>(c10::elementSize(dtype));
   const bool mixed = dtype != torch::kFloat32;
+  const bool accumulate32 = mixed && fp32_grad_accumulation;
   ModelStateBytes b;
-  b.params = (stage == 3 ? part : padded) * low;
-  if (stage <= 1)
-    b.grads = padded * low + (mixed ? padded * 4 : 0);
+  if (layout.stage == 3) {
+    // The partition, plus the persistent unit held whole.
+    const int64_t whole = layout.whole_unit >= 0 ? layout.units[layout.whole_unit].length : 0;
+    b.params = (part + whole) * low;
+  } else {
+    b.params = padded * low;
+  }
+  if (layout.stage <= 1)
+    b.grads = padded * low + (accumulate32 ? padded * 4 : 0);
   else
-    b.grads = part * 4;
+    b.grads = part * (accumulate32 ? 4 : low);
   b.master_weights = mixed ? part * 4 : 0;
   b.optimizer_states = optimizer_state_count(optimizer) * part * 4;
   return b;
 }
+
+namespace {
+
+// Stage 3 frees a unit's storage between uses; the parameters (views of it)
+// and anything autograd saved keep pointing at the same storage, which is
+// refilled before the next use (FSDP's approach).
+void free_storage(const torch::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  impl->set_nbytes(0);
+}
+
+void allocate_storage(const torch::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_nbytes(nbytes);
+}
+
+// Flat intervals [begin, end) of a local shard that tp rank `tp_rank` owns (counts in norms).
+std::vector<std::pair<int64_t, int64_t>> owned_intervals(const ShardSpec& spec, int tp_rank) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const auto owned = spec.owned_local(tp_rank);
+  const int64_t numel = spec.local_numel(tp_rank);
+  if (owned.empty() || numel == 0) return out;
+  if (spec.is_replicated()) return {{0, numel}};
+  const auto shape = spec.local_shape(tp_rank);
+  const int64_t dim = spec.dim();
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
+  for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t extent = shape[dim];
+  for (int64_t o = 0; o < outer; ++o)
+    for (const auto& seg : owned) {
+      const int64_t begin = (o * extent + seg.start) * inner, end = begin + seg.length * inner;
+      if (!out.empty() && out.back().second == begin)
+        out.back().second = end;
+      else
+        out.emplace_back(begin, end);
+    }
+  return out;
+}
+
+}  // namespace
 
 ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainConfig& config)
     : model_(model),
       topo_(topology),
       stage_(config.zero.stage),
       clip_(config.gradient_clipping),
-      bucket_elements_(std::max<int64_t>(1, config.zero.reduce_bucket_size)),
+      reduce_bucket_(std::max<int64_t>(1, config.zero.reduce_bucket_size)),
+      gather_bucket_(std::max<int64_t>(1, config.zero.allgather_bucket_size)),
       fp16_(config.fp16),
       low_(model.dtype()),
-      mixed_(model.dtype() != torch::kFloat32) {
+      mixed_(model.dtype() != torch::kFloat32),
+      fp32_accum_(model.dtype() != torch::kFloat32 && config.gradient_accumulation_steps > 1) {
   torch::NoGradGuard no_grad;
-  std::vector<const ShardSpec*> specs;
-  for (auto& p : model_.parameters()) specs.push_back(&p.spec());
-  layout_ = FlatLayout::build(specs, topo_.tp_rank(), topo_.dp_size(), stage_);
-  offsets_ = layout_.offsets;
-  padded_ = layout_.padded;
-  part_numel_ = layout_.part;
-  part_offset_ = layout_.part_offset(topo_.dp_rank());
+  auto& params = model_.parameters();
+  const int tp_rank = topo_.tp_rank(), dp = topo_.dp_size(), dp_rank = topo_.dp_rank();
+  layout_ = zero_layout(model_.plan(), tp_rank, dp, stage_, config.zero.stage3_param_persistence_threshold);
+  pieces_ = layout_.pieces(dp_rank);
+  ids_ = ZeroUnits{model_.config().num_layers};
+  unit_params_.assign(layout_.units.size(), {});
+  for (size_t i = 0; i < params.size(); ++i) unit_params_[layout_.unit_of[i]].push_back(i);
 
-  auto flat = torch::zeros({padded_}, low_options());
-  owned_mask_ = torch::zeros({padded_}, low_options().dtype(torch::kFloat32));
-  for (size_t i = 0; i < model_.parameters().size(); ++i) {
-    auto& p = model_.parameters()[i];
-    flat.narrow(0, offsets_[i], p.tensor.numel()).copy_(p.tensor.reshape({-1}));
-    auto mask = owned_mask_.narrow(0, offsets_[i], p.tensor.numel()).view(p.tensor.sizes());
-    const ShardSpec& spec = p.spec();
-    for (const auto& seg : spec.owned_local(topo_.tp_rank())) {
-      if (spec.is_replicated())
-        mask.fill_(1);
-      else
-        mask.narrow(spec.dim(), seg.start, seg.length).fill_(1);
-    }
-  }
-  if (stage_ == 0 && topo_.dp_rank() != 0) owned_mask_.zero_();  // stage 0: dp replicas count once
-  bind_params(flat);
+  auto flat = torch::zeros({layout_.padded}, low_options());
+  for (size_t i = 0; i < params.size(); ++i)
+    flat.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].tensor.reshape({-1}));
+  compute_norm_ranges();
+
+  auto bind = [&](size_t i, const torch::Tensor& storage, int64_t offset) {
+    const ShardSpec& spec = params[i].spec();
+    params[i].tensor.set_data(storage.narrow(0, offset, layout_.numels[i]).view(spec.local_shape(tp_rank)));
+  };
   if (stage_ == 3) {
-    param_part_ = partition(flat).clone();
-    master_ = mixed_ ? param_part_.to(torch::kFloat32) : param_part_;
-  } else if (mixed_) {
-    master_ = partition(flat_params_).to(torch::kFloat32);
+    param_part_ = torch::empty({layout_.part}, low_options());
+    for (const auto& piece : pieces_)
+      param_part_.narrow(0, piece.part_begin, piece.length).copy_(flat.narrow(0, piece.flat_begin, piece.length));
+    gathered_.assign(layout_.units.size(), 0);
+    for (size_t u = 0; u < layout_.units.size(); ++u) {
+      const FlatUnit& unit = layout_.units[u];
+      auto buffer = flat.narrow(0, unit.begin, unit.length).clone();
+      for (size_t i : unit_params_[u]) bind(i, buffer, layout_.offsets[i] - unit.begin);
+      if (static_cast<int>(u) != layout_.whole_unit) free_storage(buffer);
+      unit_buffers_.push_back(buffer);
+    }
+    flat = torch::Tensor();
+    if (mixed_) master_ = param_part_.to(torch::kFloat32);
   } else {
-    master_ = partition(flat_params_);
+    flat_params_ = flat;
+    for (size_t i = 0; i < params.size(); ++i) bind(i, flat, layout_.offsets[i]);
+    if (mixed_) master_ = master_partition().clone();  // fp32 copy ([padded] at stage 0)
   }
-  optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, part_numel_, model_.device());
+  if (mixed_ && master_.scalar_type() != torch::kFloat32) master_ = master_.to(torch::kFloat32);
+  optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, layout_.part, model_.device());
   if (fp16_.enabled) {
     loss_scale_ = fp16_.loss_scale > 0 ? fp16_.loss_scale : std::pow(2.0, fp16_.initial_scale_power);
     hysteresis_left_ = fp16_.hysteresis;
   }
+  // Uses (embeddings = 0, layer l = l + 1, head = L + 1) and the units each reads / reduces.
+  const int64_t L = model_.config().num_layers;
+  use_units_.assign(L + 2, {});
+  reduce_after_use_.assign(L + 2, {});
+  use_units_[0] = {ZeroUnits::kEmbedding};
+  for (int64_t l = 0; l < L; ++l) use_units_[l + 1] = reduce_after_use_[l + 1] = {ids_.layer(l)};
+  use_units_[L + 1] = {ids_.head()};
+  if (model_.config().tie_word_embeddings)
+    use_units_[L + 1].push_back(ZeroUnits::kEmbedding);  // reduced at the end of the backward
+  else
+    reduce_after_use_[L + 1] = {ids_.head()};
+  if (stage_ >= 2) install_hooks();
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  if (stage_ >= 2) model_.set_use_hooks({});
+}
+
+void ZeroOptimizer::install_hooks() {
+  CausalLM::UseHooks hooks;
   if (stage_ == 3) {
-    static const std::regex layer_name(R"(\.(layers|h)\.([0-9]+)\.)");
-    layer_params_.assign(model_.config().num_layers, {});
-    for (size_t i = 0; i < model_.parameters().size(); ++i) {
-      std::smatch match;
-      const std::string& name = model_.parameters()[i].name();
-      if (std::regex_search(name, match, layer_name))
-        layer_params_[std::stoll(match[2].str())].push_back(i);
+    auto acquire = [this](int64_t use) {
+      for (int u : use_units_.at(use + 1)) acquire_unit(u);
+    };
+    auto release = [this](int64_t use) {
+      for (int u : use_units_.at(use + 1)) release_unit(u);
+    };
+    hooks.before_forward = acquire;
+    hooks.after_forward = release;
+    hooks.before_backward = acquire;
+    hooks.after_backward = [this, release](int64_t use) {
+      for (int u : reduce_after_use_.at(use + 1)) reduce_unit_grads(u);
+      release(use);
+    };
+  } else {
+    hooks.after_backward = [this](int64_t use) {
+      for (int u : reduce_after_use_.at(use + 1)) reduce_unit_grads(u);
+    };
+  }
+  model_.set_use_hooks(std::move(hooks));
+}
+
+void ZeroOptimizer::compute_norm_ranges() {
+  // Each logical element once: its tp owner (TpPlan), and over dp the holder of
+  // its partition (stage 0: dp rank 0, every rank holds everything).
+  norm_ranges_.clear();
+  const int tp_rank = topo_.tp_rank(), dp = topo_.dp_size(), dp_rank = topo_.dp_rank();
+  if (stage_ == 0 && dp_rank != 0) return;
+  auto& params = model_.parameters();
+  int last_unit = -1;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t base = layout_.offsets[i];
+    const FlatUnit& unit = layout_.units[layout_.unit_of[i]];
+    const int64_t s = unit.length / dp;
+    const int64_t own_lo = unit.begin + dp_rank * s, own_hi = own_lo + s;
+    for (auto [b, e] : owned_intervals(params[i].spec(), tp_rank)) {
+      int64_t lo = base + b, hi = base + e;
+      if (stage_ >= 1) {
+        lo = std::max(lo, own_lo), hi = std::min(hi, own_hi);
+        if (hi <= lo) continue;
+        lo = unit.begin / dp + (lo - own_lo), hi = unit.begin / dp + (hi - own_lo);
+      }
+      // Merged only within a unit: at stage 1 a range must stay inside one piece of the flat buffer.
+      if (!norm_ranges_.empty() && last_unit == layout_.unit_of[i] &&
+          norm_ranges_.back().first + norm_ranges_.back().second == lo)
+        norm_ranges_.back().second += hi - lo;
       else
-        outer_params_.push_back(i);
+        norm_ranges_.emplace_back(lo, hi - lo);
+      last_unit = layout_.unit_of[i];
     }
-    model_.set_layer_hooks({[this](int64_t l) { gather_layer(l); }, [this](int64_t l) { release_layer(l); }});
-    release_params();
   }
 }
 
-torch::Tensor ZeroOptimizer::gather_range(const torch::Tensor& part, int64_t begin, int64_t end) {
-  // Each rank contributes the part of [begin, end) inside its own partition.
-  const std::vector<int64_t> sizes = layout_.range_shares(begin, end);
-  int64_t lo = std::max(begin, part_offset_);
-  auto local = part.narrow(0, std::min(lo - part_offset_, part_numel_), sizes[topo_.dp_rank()]);
-  return topo_.dp().all_gather(local.contiguous(), 0, sizes);
+torch::Tensor ZeroOptimizer::own_slice(const torch::Tensor& flat, int unit) const {
+  const FlatUnit& u = layout_.units[unit];
+  return flat.narrow(0, u.begin + topo_.dp_rank() * slice_of(unit), slice_of(unit));
 }
 
-void ZeroOptimizer::gather_layer(int64_t layer) {
+int64_t ZeroOptimizer::flat_of(int64_t index) const {
+  if (stage_ == 0) return index;
+  auto it = std::upper_bound(pieces_.begin(), pieces_.end(), index,
+                             [](int64_t x, const PartitionPiece& p) { return x < p.part_begin + p.length; });
+  TORCH_CHECK(it != pieces_.end(), "ZeroOptimizer: partition element ", index, " outside ", layout_.part);
+  return it->flat_begin + (index - it->part_begin);
+}
+
+torch::Tensor ZeroOptimizer::grads_at(int64_t begin, int64_t length) const {
+  if (stage_ >= 2) return grad_part_.narrow(0, begin, length);
+  const torch::Tensor& acc = fp32_accum_ ? grad_accum_ : flat_grads_;
+  return acc.narrow(0, flat_of(begin), length);
+}
+
+torch::Tensor ZeroOptimizer::master_at(int64_t begin, int64_t length) const {
+  if (mixed_) return master_.narrow(0, begin, length);
+  if (stage_ == 3) return param_part_.narrow(0, begin, length);
+  return flat_params_.narrow(0, flat_of(begin), length);  // fp32: the parameters are the master
+}
+
+torch::Tensor ZeroOptimizer::master_partition() const {
+  if (mixed_ && master_.defined()) return master_;
+  const torch::Tensor& values = stage_ == 3 ? param_part_ : flat_params_;
+  if (stage_ == 0 || stage_ == 3) return values.to(torch::kFloat32);
+  auto out = torch::empty({layout_.part}, values.options().dtype(torch::kFloat32));
+  for (const auto& piece : pieces_)
+    out.narrow(0, piece.part_begin, piece.length).copy_(values.narrow(0, piece.flat_begin, piece.length));
+  return out;
+}
+
+void ZeroOptimizer::reduce_scatter_unit(const torch::Tensor& unit_values, torch::Tensor out, bool accumulate) {
+  const int dp = topo_.dp_size();
+  const int64_t s = unit_values.numel() / dp;
+  if (s == 0) return;
+  const int64_t columns = std::clamp<int64_t>(reduce_bucket_ / dp, 1, s);
+  auto grid = unit_values.view({dp, s});
+  for (int64_t j = 0; j < s; j += columns) {
+    const int64_t n = std::min(columns, s - j);
+    auto bucket = n == s ? unit_values : grid.narrow(1, j, n).contiguous().view({-1});
+    auto reduced = topo_.dp().reduce_scatter(bucket);
+    if (dp == 1 && reduced.data_ptr() == out.data_ptr()) continue;  // one rank: the sum is in place
+    if (accumulate)
+      out.narrow(0, j, n).add_(reduced);
+    else
+      out.narrow(0, j, n).copy_(reduced);
+  }
+}
+
+void ZeroOptimizer::all_gather_unit(const torch::Tensor& local, torch::Tensor unit_values) {
+  const int dp = topo_.dp_size();
+  const int64_t s = local.numel();
+  if (s == 0) return;
+  if (dp == 1) {
+    if (unit_values.data_ptr() != local.data_ptr()) unit_values.copy_(local);
+    return;
+  }
+  const int64_t columns = std::clamp<int64_t>(gather_bucket_ / dp, 1, s);
+  auto grid = unit_values.view({dp, s});
+  for (int64_t j = 0; j < s; j += columns) {
+    const int64_t n = std::min(columns, s - j);
+    auto gathered = topo_.dp().all_gather(local.narrow(0, j, n).contiguous(), 0);
+    grid.narrow(1, j, n).copy_(gathered.view({dp, n}));
+  }
+}
+
+void ZeroOptimizer::acquire_unit(int unit) {
+  if (unit == layout_.whole_unit || gathered_[unit]++ > 0) return;
   torch::NoGradGuard no_grad;
-  const auto& members = layer_params_.at(layer);
-  const int64_t begin = offsets_[members.front()];
-  const size_t last = members.back();
-  const int64_t end = offsets_[last] + model_.parameters()[last].spec().local_numel(topo_.tp_rank());
-  auto buffer = gather_range(param_part_, begin, end);
-  for (size_t i : members) {
-    auto& p = model_.parameters()[i];
-    const int rank = topo_.tp_rank();
-    p.tensor.set_data(buffer.narrow(0, offsets_[i] - begin, p.spec().local_numel(rank)).view(p.spec().local_shape(rank)));
-  }
+  const torch::Tensor& buffer = unit_buffers_[unit];
+  allocate_storage(buffer);
+  const int64_t begin = layout_.units[unit].begin / layout_.dp;
+  all_gather_unit(param_part_.narrow(0, begin, slice_of(unit)), buffer);
 }
 
-void ZeroOptimizer::release_layer(int64_t layer) {
-  for (size_t i : layer_params_.at(layer))
-    model_.parameters()[i].tensor.set_data(torch::empty({0}, low_options()));
+void ZeroOptimizer::release_unit(int unit) {
+  if (unit == layout_.whole_unit) return;
+  TORCH_INTERNAL_ASSERT(gathered_[unit] > 0, "ZeroOptimizer: unit ", unit, " released more often than gathered");
+  if (--gathered_[unit] == 0) free_storage(unit_buffers_[unit]);
+}
+
+void ZeroOptimizer::release_pins() {
+  if (!pinned_) return;
+  pinned_ = false;
+  for (size_t u = 0; u < unit_buffers_.size(); ++u)
+    if (static_cast<int>(u) != layout_.whole_unit) release_unit(static_cast<int>(u));
 }
 
 void ZeroOptimizer::gather_all_params() {
-  if (stage_ != 3) return;
-  torch::NoGradGuard no_grad;
-  auto full = topo_.dp().all_gather(param_part_, 0);
-  int64_t i = 0;
-  for (auto& p : model_.parameters()) {
-    const int rank = topo_.tp_rank();
-    p.tensor.set_data(full.narrow(0, offsets_[i++], p.spec().local_numel(rank)).view(p.spec().local_shape(rank)));
-  }
-}
-
-torch::Tensor ZeroOptimizer::partition(const torch::Tensor& flat) const {
-  return flat.narrow(0, part_offset_, part_numel_);
-}
-
-void ZeroOptimizer::bind_params(const torch::Tensor& flat) {
-  flat_params_ = flat;
-  for (size_t i = 0; i < model_.parameters().size(); ++i) {
-    auto& p = model_.parameters()[i];
-    auto shape = p.spec().local_shape(topo_.tp_rank());
-    p.tensor.set_data(flat.narrow(0, offsets_[i], p.tensor.numel() > 0 ? p.tensor.numel() : 0).view(shape));
-  }
-}
-
-void ZeroOptimizer::release_params() {
-  // Stage 3: the parameters keep their identity (autograd) but lose their storage.
-  for (auto& p : model_.parameters()) p.tensor.set_data(torch::empty({0}, low_options()));
-  flat_params_ = torch::Tensor();
-}
-
-void ZeroOptimizer::bind_grads(const torch::Tensor& flat) {
-  flat_grads_ = flat;
-  for (size_t i = 0; i < model_.parameters().size(); ++i) {
-    auto& p = model_.parameters()[i];
-    // Shapes from the spec: at stage 3 a parameter may be released (empty) right now.
-    const int rank = topo_.tp_rank();
-    p.tensor.mutable_grad() =
-        flat.narrow(0, offsets_[i], p.spec().local_numel(rank)).view(p.spec().local_shape(rank));
-  }
+  if (stage_ != 3 || pinned_) return;
+  for (size_t u = 0; u < unit_buffers_.size(); ++u)
+    if (static_cast<int>(u) != layout_.whole_unit) acquire_unit(static_cast<int>(u));
+  pinned_ = true;
 }
 
 void ZeroOptimizer::begin_step() {
   torch::NoGradGuard no_grad;
-  if (stage_ == 3) {
-    // Embeddings, final norm and head stay whole for the step; layers come and go.
-    const int rank = topo_.tp_rank();
-    for (size_t i : outer_params_) {
-      auto& p = model_.parameters()[i];
-      const int64_t n = p.spec().local_numel(rank);
-      p.tensor.set_data(gather_range(param_part_, offsets_[i], offsets_[i] + n).view(p.spec().local_shape(rank)));
+  release_pins();
+  auto& params = model_.parameters();
+  if (stage_ <= 1) {
+    if (!flat_grads_.defined()) {
+      flat_grads_ = torch::zeros({layout_.padded}, low_options());
+      const int rank = topo_.tp_rank();
+      for (size_t i = 0; i < params.size(); ++i)
+        params[i].tensor.mutable_grad() = flat_grads_.narrow(0, layout_.offsets[i], layout_.numels[i])
+                                              .view(params[i].spec().local_shape(rank));
+    } else {
+      flat_grads_.zero_();
     }
+    if (fp32_accum_) {
+      if (!grad_accum_.defined())
+        grad_accum_ = torch::zeros({layout_.padded}, low_options().dtype(torch::kFloat32));
+      else
+        grad_accum_.zero_();
+    }
+    return;
   }
-  if (!flat_grads_.defined())
-    bind_grads(torch::zeros({padded_}, low_options()));
+  for (auto& p : params) p.tensor.mutable_grad().reset();
+  if (!grad_part_.defined())
+    grad_part_ = torch::zeros({layout_.part}, low_options().dtype(fp32_accum_ ? torch::kFloat32 : low_));
   else
-    flat_grads_.zero_();
-  if (mixed_) {
-    if (!grad_accum_.defined())
-      grad_accum_ = torch::zeros({padded_}, low_options().dtype(torch::kFloat32));
-    else
-      grad_accum_.zero_();
+    grad_part_.zero_();
+  unit_reduced_.assign(layout_.units.size(), false);
+}
+
+void ZeroOptimizer::reduce_unit_grads(int unit) {
+  torch::NoGradGuard no_grad;
+  auto& params = model_.parameters();
+  unit_reduced_[unit] = true;
+  const FlatUnit& u = layout_.units[unit];
+  if (u.length == 0) return;
+  // Every rank runs the same graph, so every rank has gradients for the same units.
+  bool any = false;
+  for (size_t i : unit_params_[unit]) any = any || params[i].tensor.grad().defined();
+  if (!any) return;
+  auto buffer = torch::zeros({u.length}, low_options());
+  for (size_t i : unit_params_[unit]) {
+    torch::Tensor grad = params[i].tensor.mutable_grad();
+    if (!grad.defined()) continue;
+    sum_shared_slices(params[i].spec(), grad, topo_.tp());
+    buffer.narrow(0, layout_.offsets[i] - u.begin, layout_.numels[i]).copy_(grad.reshape({-1}));
+    params[i].tensor.mutable_grad().reset();
   }
+  reduce_scatter_unit(buffer, grad_part_.narrow(0, u.begin / layout_.dp, slice_of(unit)), /*accumulate=*/true);
 }
 
 void ZeroOptimizer::after_backward() {
-  if (!mixed_) return;  // fp32 gradients accumulate in place
   torch::NoGradGuard no_grad;
-  grad_accum_.add_(flat_grads_.to(torch::kFloat32));
-  flat_grads_.zero_();
+  if (stage_ <= 1) {
+    if (!fp32_accum_) return;  // gradients accumulate in place
+    grad_accum_.add_(flat_grads_);
+    flat_grads_.zero_();
+    return;
+  }
+  // Units whose backward has no hook (embeddings, persistent tensors, a tied
+  // head), and any gradient that arrived after its unit was reduced.
+  auto& params = model_.parameters();
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    bool pending = !unit_reduced_[u];
+    for (size_t i : unit_params_[u]) pending = pending || params[i].tensor.grad().defined();
+    if (pending) reduce_unit_grads(static_cast<int>(u));
+  }
+  unit_reduced_.assign(layout_.units.size(), false);
 }
 
 void ZeroOptimizer::sync_shared_grads(torch::Tensor& flat) {
   const int rank = topo_.tp_rank();
   for (size_t i = 0; i < model_.parameters().size(); ++i) {
     const ShardSpec& spec = model_.parameters()[i].spec();
-    auto local = flat.narrow(0, offsets_[i], spec.local_numel(rank)).view(spec.local_shape(rank));
+    auto local = flat.narrow(0, layout_.offsets[i], layout_.numels[i]).view(spec.local_shape(rank));
     sum_shared_slices(spec, local, topo_.tp());
   }
 }
@@ -216,26 +404,30 @@ StepOutcome ZeroOptimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   StepOutcome outcome;
   outcome.loss_scale = loss_scale_;
-  torch::Tensor acc = mixed_ ? grad_accum_ : flat_grads_;
-  sync_shared_grads(acc);
-  // Gradients are reduced in buckets of reduce_bucket_size elements, so the
-  // communication buffers stay bounded. Gloo in LibTorch 1.13 has no
-  // reduce-scatter, so stages 2-3 all-reduce too and keep their own partition.
-  for (int64_t offset = 0; offset < padded_; offset += bucket_elements_) {
-    auto bucket = acc.narrow(0, offset, std::min(bucket_elements_, padded_ - offset));
-    topo_.dp().all_reduce(bucket);
-  }
-  torch::Tensor grads;
   if (stage_ <= 1) {
-    grads = partition(acc);
-  } else {
-    grad_part_ = partition(acc).clone();
-    grads = grad_part_;
+    torch::Tensor acc = fp32_accum_ ? grad_accum_ : flat_grads_;
+    sync_shared_grads(acc);
+    if (stage_ == 0) {
+      for (int64_t offset = 0; offset < layout_.padded; offset += reduce_bucket_) {
+        auto bucket = acc.narrow(0, offset, std::min(reduce_bucket_, layout_.padded - offset));
+        topo_.dp().all_reduce(bucket);
+      }
+    } else {
+      // Each unit's reduced slice lands where this rank's slice of it was.
+      for (size_t u = 0; u < layout_.units.size(); ++u) {
+        const FlatUnit& unit = layout_.units[u];
+        if (unit.length == 0) continue;
+        reduce_scatter_unit(acc.narrow(0, unit.begin, unit.length), own_slice(acc, static_cast<int>(u)),
+                            /*accumulate=*/false);
+      }
+    }
   }
-  if (loss_scale_ != 1) grads.div_(loss_scale_);
-  auto sumsq = masked_sum_of_squares(grads, partition(owned_mask_));
+  // The global norm from the owned ranges (fp64 partial sums, one all-reduce).
+  auto sumsq = torch::zeros({1}, low_options().dtype(torch::kFloat64));
+  for (const auto& [begin, length] : norm_ranges_) sumsq.add_(sum_of_squares(grads_at(begin, length)));
   topo_.world().all_reduce(sumsq);
-  double norm = std::sqrt(sumsq.item<double>());
+  // Loss scales are powers of two: unscaling the norm equals the norm of unscaled gradients.
+  const double norm = std::sqrt(sumsq.item<double>()) / loss_scale_;
   outcome.grad_norm = norm;
 
   bool overflow = !std::isfinite(norm);
@@ -256,41 +448,58 @@ StepOutcome ZeroOptimizer::step(double lr) {
   if (overflow && fp16_.enabled) {
     outcome.skipped = true;
   } else {
-    if (clip_ > 0) {
-      double coef = clip_ / (norm + 1e-6);
-      if (coef < 1) grads.mul_(coef);
+    const double coef = clip_ > 0 ? clip_ / (norm + 1e-6) : 1;
+    const double scale = outcome.loss_scale;
+    // Bucket by bucket: the partition's gradients upcast to fp32, unscaled, clipped, applied.
+    optimizer_->begin_step();
+    const int64_t chunk = std::min(reduce_bucket_, kUpdateChunk);
+    for (const auto& piece : pieces_) {
+      for (int64_t offset = 0; offset < piece.length; offset += chunk) {
+        const int64_t n = std::min(chunk, piece.length - offset);
+        const int64_t begin = piece.part_begin + offset;
+        torch::Tensor g = grads_at(begin, n);
+        if (g.scalar_type() != torch::kFloat32) g = g.to(torch::kFloat32);
+        if (scale != 1) g.div_(scale);
+        if (coef < 1) g.mul_(coef);
+        optimizer_->update(begin, master_at(begin, n), g, lr);
+      }
     }
-    optimizer_->step(master_, grads, lr);
   }
-
   redistribute_params();
-  if (stage_ == 3) {
-    flat_grads_ = torch::Tensor();
-    for (auto& p : model_.parameters()) p.tensor.mutable_grad() = torch::Tensor();
-  } else {
-    if (stage_ == 2) {
-      // Only the reduced partition survives the step; the full buffer is rebuilt next step.
-      flat_grads_ = torch::Tensor();
-      for (auto& p : model_.parameters()) p.tensor.mutable_grad() = torch::Tensor();
-    }
-  }
-  if (mixed_ && stage_ >= 2) grad_accum_ = torch::Tensor();
   return outcome;
 }
 
 void ZeroOptimizer::redistribute_params() {
+  torch::NoGradGuard no_grad;
+  release_pins();
   if (stage_ == 3) {
     if (mixed_) param_part_.copy_(master_);
-    release_params();
+    if (const int whole = layout_.whole_unit; whole >= 0)
+      all_gather_unit(param_part_.narrow(0, layout_.units[whole].begin / layout_.dp, slice_of(whole)),
+                      unit_buffers_[whole]);
     return;
   }
-  if (mixed_) partition(flat_params_).copy_(master_);
-  if (stage_ >= 1 && topo_.dp_size() > 1) flat_params_.copy_(topo_.dp().all_gather(partition(flat_params_), 0));
+  if (mixed_)
+    for (const auto& piece : pieces_)
+      flat_params_.narrow(0, piece.flat_begin, piece.length).copy_(master_.narrow(0, piece.part_begin, piece.length));
+  if (stage_ == 0 || topo_.dp_size() == 1) return;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const FlatUnit& unit = layout_.units[u];
+    // The gather reads this rank's slice before the result is copied over it.
+    all_gather_unit(own_slice(flat_params_, static_cast<int>(u)), flat_params_.narrow(0, unit.begin, unit.length));
+  }
 }
 
 PartitionState ZeroOptimizer::partition_state() const {
   PartitionState state;
-  state.params = stage_ == 3 ? param_part_ : partition(flat_params_);
+  if (stage_ == 3 || stage_ == 0) {
+    state.params = stage_ == 3 ? param_part_ : flat_params_;
+  } else {
+    state.params = torch::empty({layout_.part}, flat_params_.options());
+    for (const auto& piece : pieces_)
+      state.params.narrow(0, piece.part_begin, piece.length)
+          .copy_(flat_params_.narrow(0, piece.flat_begin, piece.length));
+  }
   if (mixed_) state.master_weights = master_;
   state.optimizer = optimizer_->state();
   state.optimizer_steps = optimizer_->steps();
@@ -301,17 +510,15 @@ void ZeroOptimizer::load_partition_state(const torch::Tensor& master,
                                          const std::map<std::string, torch::Tensor>& optimizer,
                                          int64_t optimizer_steps) {
   torch::NoGradGuard no_grad;
-  TORCH_CHECK(master.numel() == part_numel_ && master.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(master.numel() == layout_.part && master.scalar_type() == torch::kFloat32,
               "ZeroOptimizer::load_partition_state: master has ", master.numel(), " ", master.scalar_type(),
-              " elements, the partition ", part_numel_, " float");
+              " elements, the partition ", layout_.part, " float");
+  if (mixed_) master_.copy_(master);
   if (stage_ == 3) {
-    if (mixed_)
-      master_.copy_(master), param_part_.copy_(master);
-    else
-      param_part_.copy_(master);  // master_ is param_part_
+    param_part_.copy_(master);
   } else {
-    if (mixed_) master_.copy_(master);
-    partition(flat_params_).copy_(master);  // in fp32 master_ is this view
+    for (const auto& piece : pieces_)
+      flat_params_.narrow(0, piece.flat_begin, piece.length).copy_(master.narrow(0, piece.part_begin, piece.length));
   }
   for (auto& [name, tensor] : optimizer_->state()) {
     auto found = optimizer.find(name);
@@ -330,8 +537,17 @@ void ZeroOptimizer::set_loss_scaler_state(const LossScalerState& state) {
 
 torch::Tensor ZeroOptimizer::gather_master(int64_t begin, int64_t end) {
   torch::NoGradGuard no_grad;
-  if (stage_ == 0) return master_.narrow(0, begin, end - begin);
-  return gather_range(master_, begin, end);
+  if (stage_ == 0) return master_at(begin, end - begin).to(torch::kFloat32);
+  // Each rank contributes the part of [begin, end) inside its slice of the unit.
+  const std::vector<int64_t> shares = layout_.range_shares(begin, end);
+  const int unit = layout_.unit_at(begin);
+  const FlatUnit& u = layout_.units[unit];
+  const int64_t own_lo = u.begin + topo_.dp_rank() * slice_of(unit);
+  const int64_t lo = std::clamp(begin, own_lo, own_lo + slice_of(unit));
+  const int64_t mine = shares[topo_.dp_rank()];
+  auto local = mine == 0 ? torch::empty({0}, low_options().dtype(torch::kFloat32))
+                         : master_at(u.begin / layout_.dp + (lo - own_lo), mine).to(torch::kFloat32);
+  return topo_.dp().all_gather(local.contiguous(), 0, shares);
 }
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {
@@ -339,7 +555,12 @@ ModelStateBytes ZeroOptimizer::model_state_bytes() const {
     return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
   };
   ModelStateBytes b;
-  b.params = stage_ == 3 ? bytes(param_part_) : bytes(flat_params_);
+  if (stage_ == 3) {
+    b.params = bytes(param_part_);
+      if (layout_.whole_unit >= 0) b.params += bytes(unit_buffers_[layout_.whole_unit]);
+  } else {
+    b.params = bytes(flat_params_);
+  }
   b.grads = stage_ <= 1 ? bytes(flat_grads_) + bytes(grad_accum_) : bytes(grad_part_);
   b.master_weights = mixed_ ? bytes(master_) : 0;
   b.optimizer_states = optimizer_->state_bytes();

@@ -185,19 +185,19 @@ void run_scenario(const SimulateArgs& args) {
                     base.seq_len, base.micro_batch, base.gas, s.value("dtype", ""));
   if (s.contains("assumptions")) md += fmt::format("- assumptions: {}\n", s["assumptions"].get<std::string>());
   md += "\n## Variants\n\n| variant | tp | dp | ZeRO | params | grads | master | optimizer | activations | comm "
-        "buffers | transient grads | norm mask | optimizer temporaries | peak / GPU (phase) | fits | compute | tp comm "
+        "buffers | transient grads | optimizer temporaries | peak / GPU (phase) | fits | compute | tp comm "
         "| ZeRO comm | step | tokens/s | MFU |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < variants.size(); ++i) {
     const auto& r = variants[i];
     const auto& m = r.memory;
     md += fmt::format(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms | {:.0f} "
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms | {:.0f} "
         "ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
         names[i], r.layout.tp, r.layout.dp(), r.layout.zero_stage, sim::format_bytes(m.states.params),
         sim::format_bytes(m.states.grads), sim::format_bytes(m.states.master_weights),
         sim::format_bytes(m.states.optimizer_states), sim::format_bytes(m.activations),
-        sim::format_bytes(m.comm_buffers), sim::format_bytes(m.transient_grads), sim::format_bytes(m.norm_mask),
+        sim::format_bytes(m.comm_buffers), sim::format_bytes(m.transient_grads),
         sim::format_bytes(m.optimizer_temporaries), sim::format_bytes(m.total),
         m.peak_phase == "optimizer" ? "optimizer" : "fwd/bwd", r.fits ? "yes" : "**no**", r.time.compute_s * 1e3,
         r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.step_s * 1e3, r.tokens_per_s, 100 * r.mfu);
@@ -212,15 +212,15 @@ void run_scenario(const SimulateArgs& args) {
     const auto& r = variants[i];
     const auto& m = r.memory;
     md += fmt::format(
-        "- {}: peak {} in the {} phase = model states {} + norm mask {} + transient gradients {} + {}{}\n", names[i],
-        sim::format_bytes(m.total), m.peak_phase == "optimizer" ? "optimizer" : "forward/backward",
-        sim::format_bytes(m.states.total()), sim::format_bytes(m.norm_mask), sim::format_bytes(m.transient_grads),
+        "- {}: peak {} in the {} phase = model states {} + {}{}\n", names[i], sim::format_bytes(m.total),
+        m.peak_phase == "optimizer" ? "optimizer" : "forward/backward", sim::format_bytes(m.states.total()),
         m.peak_phase == "optimizer"
             ? fmt::format("optimizer temporaries / gather buffers {}",
-                          sim::format_bytes(m.optimizer_peak - m.states.total() - m.norm_mask - m.transient_grads))
-            : fmt::format("activations {} + gathered parameters {}", sim::format_bytes(m.activations),
-                          sim::format_bytes(m.forward_backward_peak - m.states.total() - m.norm_mask -
-                                            m.transient_grads - m.activations)),
+                          sim::format_bytes(m.optimizer_peak - m.states.total()))
+            : fmt::format("transient gradients {} + activations {} + gathered parameters {}",
+                          sim::format_bytes(m.transient_grads), sim::format_bytes(m.activations),
+                          sim::format_bytes(m.forward_backward_peak - m.states.total() - m.transient_grads -
+                                            m.activations)),
         r.fits ? "" : fmt::format(" > {} usable: does not fit", sim::format_bytes(r.usable_bytes)));
   }
   write_output(args.markdown, md);

@@ -93,12 +93,16 @@ std::vector<ModelStateBytes> analytic_per_rank(const VariantSpec& v, const Model
   TpPlanOptions plan_options;
   plan_options.tp_size = v.config.tensor_parallel.autotp_size;
   plan_options.layer_specs = v.config.tensor_parallel.layer_specs;
-  auto numel = TpPlan::build(model.config, plan_options).rank_bytes(1);
+  const TpPlan plan = TpPlan::build(model.config, plan_options);
   const int tp = plan_options.tp_size;
+  const torch::ScalarType dtype = training_dtype(v.config);
+  const bool fp32_accumulation = dtype != torch::kFloat32 && v.config.gradient_accumulation_steps > 1;
   std::vector<ModelStateBytes> out;
-  for (int r = 0; r < world; ++r)
-    out.push_back(ZeroOptimizer::analytic_bytes(numel[r % tp], world / tp, v.config.zero.stage,
-                                                training_dtype(v.config), v.config.optimizer));
+  for (int r = 0; r < world; ++r) {
+    const FlatLayout layout = zero_layout(plan, r % tp, world / tp, v.config.zero.stage,
+                                          v.config.zero.stage3_param_persistence_threshold);
+    out.push_back(ZeroOptimizer::analytic_bytes(layout, dtype, v.config.optimizer, fp32_accumulation));
+  }
   return out;
 }
 

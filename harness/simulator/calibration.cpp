@@ -510,7 +510,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
           torch::AutoGradMode on(true);
           lm.token_losses(ids1, ids1).sum().backward();
         };
-        const FlatLayout flat = FlatLayout::build({shape.local_numel}, g, 3);  // the ZeRO-3 cut over the group
+        const FlatLayout flat = FlatLayout::build({shape.local_numel}, {}, g, 3);  // the ZeRO-3 cut over the group
         const int64_t padded = flat.padded;
         auto grads = torch::ones({padded}, on), share = torch::ones({flat.part}, on);
         const int round_calls = std::max(2, concurrent_calls / 2);
@@ -531,28 +531,34 @@ Calibration run_calibration(const CalibrationOptions& options) {
         std::vector<torch::Tensor> shares;
         double layer_back_to_back = 0;
         for (const FlatRange& r : shape.layer_ranges) {
-          const std::vector<int64_t> extents = flat.range_shares(r.begin, r.end);
+          // Each layer is its own unit, cut evenly over the group (flat_layout.h).
+          const std::vector<int64_t> extents(g, (r.end - r.begin + g - 1) / g);
           shares.push_back(torch::ones({extents[group.rank()]}, on));
           sizes.push_back(extents);
           layer_back_to_back += 2 * cal.all_gather[g].seconds(4 * zero3_gather_elements(r, padded, g));
         }
-        const CausalLM::LayerHooks no_gather{[](int64_t) {}, [](int64_t) {}};  // hooked layers recompute anyway
-        const CausalLM::LayerHooks gather{[&](int64_t layer) {
-                                            torch::NoGradGuard no_grad;
-                                            group.all_gather(shares[layer], 0, sizes[layer]);
-                                          },
-                                          [](int64_t) {}};
+        // Layers recompute in both runs (the calibrated ZeRO-3 step checkpoints every layer).
+        CausalLM::UseHooks no_gather, gather;
+        auto gather_layer = [&](int64_t use) {
+          if (use < 0 || use >= static_cast<int64_t>(shares.size())) return;
+          torch::NoGradGuard no_grad;
+          group.all_gather(shares[use], 0, sizes[use]);
+        };
+        gather.before_forward = gather_layer;
+        gather.before_backward = gather_layer;
+        lm.set_activation_checkpointing(std::vector<bool>(model.config.num_layers, true));
         const Extra layers = concurrent_extra(
             [&] {
-              lm.set_layer_hooks(no_gather);
+              lm.set_use_hooks(no_gather);
               step();
             },
             [&] {
-              lm.set_layer_hooks(gather);
+              lm.set_use_hooks(gather);
               step();
             },
             round_calls);
-        lm.set_layer_hooks({});
+        lm.set_use_hooks({});
+        lm.set_activation_checkpointing({});
         cal.layer_gather_extra_s[g] =
             std::max(0.0, (layers.extra_s - layer_back_to_back) / (2.0 * model.config.num_layers));
       }

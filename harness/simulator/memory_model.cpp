@@ -35,17 +35,22 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     p.outer = BT * 8 + T * 8 + (2 * a * BTH + 8 * BT);  // token ids, positions, ln_f
   } else {
     // RMSNorm in fp32: the fp32 input (the layer input itself in fp32), rsqrt, the
-    // normalized value, and the scaled output the next linears read.
-    // Measured on the engine (memory counter around each sub-block): each norm keeps
-    // two more fp32 values of the hidden size than these, in fp32 and bf16 alike.
+    // normalized value, and the scaled output the next linears read (measured on
+    // the engine with LibTorch 2.11, memory counter around each layer).
     const int64_t norm = 4 * BTH + 4 * BT + 2 * a * BTH;
     p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
                    attention_saved + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
-    p.per_layer = p.recomputed + 2 * 4 * BTH;
+    p.per_layer = p.recomputed;
     // Token ids, rotary cos / sin, final norm.
     p.outer = BT * 8 + 2 * a * T * D + norm;
   }
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
+  if (l.selective_recompute && !l.activation_checkpointing) {
+    // The attention core keeps only q, k, v (already counted); its output and
+    // log-sum-exp are rebuilt in the backward, one layer at a time.
+    p.per_layer -= attention_saved;
+    p.layer_backward += attention_saved;
+  }
   p.layer_input = a * BTH;
   p.layer_backward = attention_backward + 2 * a * BTH;
   if (s.gpt2) p.layer_backward += 2 * a * BT * I;  // gelu_new: its backward keeps two more gradients of the MLP width
@@ -68,7 +73,6 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"model_states", states.total()},
           {"transient_grads", transient_grads},
           {"optimizer_temporaries", optimizer_temporaries},
-          {"norm_mask", norm_mask},
           {"forward_backward_peak", forward_backward_peak},
           {"optimizer_peak", optimizer_peak},
           {"peak_phase", peak_phase}};
@@ -84,11 +88,19 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   MemoryEstimate m;
   const int dp = layout.dp();
   const int stage = layout.zero_stage;
-  m.states = ZeroOptimizer::analytic_bytes(shape.local_numel, dp, stage, layout.dtype, layout.optimizer);
   const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
   const bool mixed = layout.dtype != torch::kFloat32;
-  const int64_t P = (shape.local_numel + dp - 1) / dp * dp;  // the engine's padded flat buffer
-  const int64_t part = stage == 0 ? P : P / dp;
+  const bool accumulate32 = mixed && layout.gas > 1;
+  // The engine's flat layout: units cut over dp (flat_layout.h, zero_units.h).
+  const FlatLayout flat =
+      zero_layout(build_plan(config, layout.tp), shape.tp_rank, dp, stage, layout.persistence_threshold);
+  m.states = ZeroOptimizer::analytic_bytes(flat, layout.dtype, layout.optimizer, accumulate32);
+  const ZeroUnits ids{config.num_layers};
+  auto unit = [&](int u) { return u < static_cast<int>(flat.units.size()) ? flat.units[u].length : int64_t{0}; };
+  int64_t max_layer = 0;
+  for (int64_t l = 0; l < config.num_layers; ++l) max_layer = std::max(max_layer, unit(ids.layer(l)));
+  const int64_t embed = unit(ZeroUnits::kEmbedding), head = unit(ids.head());
+  const int64_t head_use = head + (config.tie_word_embeddings ? embed : 0);
 
   // Activations of one micro-batch at its highest point.
   auto p = activation_parts(config, shape, layout);
@@ -105,32 +117,43 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const int64_t activation_peak = std::max({kept + p.head_forward, kept + p.head_backward, layer_peak});
   m.activations = activation_peak + data;
 
-  // Forward / backward phase.
-  int64_t transient_grads = 0;
-  if (stage >= 2) transient_grads = a * P + (mixed ? 4 * P : 0);  // full buffers rebuilt each step
-  int64_t gathered = 0;
-  // Stage 3 gathers the outer parameters and the running layer; over one dp rank the
-  // engine hands out views of its partition instead (no copy).
-  if (stage == 3 && dp > 1) gathered = a * (shape.outer_numel + shape.max_layer_numel());
-  // The optimizer's fp32 ownership mask for the global norm (one element per flat-buffer element).
-  m.norm_mask = 4 * P;
-  m.forward_backward_peak = m.states.total() + m.norm_mask + transient_grads + gathered + m.activations;
+  // Forward / backward phase: the largest of the moments below, each the model
+  // states + what is alive then. Stage 3 holds the unit in use (a gather
+  // briefly holds it twice: the all-gather output before it is copied in);
+  // stages 2-3 reduce a unit when its backward ends, holding its parameter
+  // gradients, their contiguous copy and the reduce-scatter's receive buffer.
+  const bool sharded = stage == 3 && dp > 1;
+  const bool reduces = stage >= 2;
+  auto held = [&](int64_t n) { return sharded ? a * n : 0; };
+  auto reduction = [&](int64_t n) { return reduces ? 3 * a * n : 0; };
+  const int64_t head_moment = std::max(kept + p.head_forward, kept + p.head_backward) + held(head_use);
+  const int64_t layer_moment = layer_peak + held(max_layer);
+  // A layer's gradients are reduced once its backward is done: its own activations are gone by then.
+  const int64_t layer_reduce = kept - (layout.recompute() ? p.layer_input : p.per_layer) + held(max_layer) +
+                               reduction(max_layer);
+  const int64_t head_reduce = config.tie_word_embeddings ? 0 : kept + held(head_use) + reduction(head);
+  const int64_t embed_reduce = p.outer + reduction(embed);  // the backward's end: the activations are gone
+  const int64_t gather_moment = kept + (sharded ? 2 * a * std::max({max_layer, head_use, embed}) : 0);
+  const int64_t fb = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce, gather_moment});
+  const int64_t transient_grads = reduces ? 3 * a * std::max({max_layer, head, embed}) : 0;
+  const int64_t gathered = sharded ? 2 * a * std::max({max_layer, head_use, embed}) : 0;
+  m.forward_backward_peak = m.states.total() + fb + data;
 
-  // Optimizer phase: the grad-norm temporaries (fp64 square, masked) or the
-  // stage 1-2 all-gather of the updated partitions (per-rank blocks + their concatenation).
-  const int64_t outer = stage == 3 && dp > 1 ? a * shape.outer_numel : 0;
-  // The norm's masked fp32 gradients and their fp64 copy, one chunk at a time
-  // (masked_sum_of_squares); the fused Adam / AdamW kernel allocates nothing.
-  const int64_t norm_temporaries = (4 + 8) * std::min(part, kGradNormChunk);
-  const int64_t adam_temporaries = 0;
-  const int64_t all_gather = (stage == 1 || stage == 2) && dp > 1 ? 2 * a * P : 0;
-  const int64_t base = m.states.total() + m.norm_mask + transient_grads + outer + data;
-  const int64_t temporaries = std::max(norm_temporaries, adam_temporaries);
-  m.optimizer_peak = base + std::max(temporaries, all_gather);
+  // Optimizer phase: the norm's fp64 chunk, the update's fp32 chunk; stages 1-2
+  // gather the updated partitions unit by unit (a fresh all-gather output each),
+  // stage 1 first reduce-scatters every unit (its receive buffer).
+  const int64_t part = flat.part;
+  const int64_t norm_temporaries = 8 * std::min(part, kGradNormChunk);
+  const int64_t update_temporaries = mixed ? 4 * std::min<int64_t>(part, int64_t{1} << 22) : 0;
+  const int64_t largest_unit = std::max({max_layer, head, embed});
+  const int64_t unit_comm = (stage == 1 || stage == 2) && dp > 1 ? a * largest_unit : 0;
+  const int64_t base = m.states.total() + data;
+  const int64_t temporaries = std::max(norm_temporaries, update_temporaries);
+  m.optimizer_peak = base + std::max(temporaries, unit_comm);
 
   // Each kind is its largest amount during the step; the total is the peak of their sum.
   m.transient_grads = transient_grads;
-  m.comm_buffers = std::max(gathered, outer + all_gather);
+  m.comm_buffers = std::max(gathered, unit_comm);
   m.optimizer_temporaries = temporaries;
   m.total = std::max(m.forward_backward_peak, m.optimizer_peak);
   m.peak_phase = m.forward_backward_peak >= m.optimizer_peak ? "forward_backward" : "optimizer";

@@ -5,8 +5,8 @@
 //     engine's autograd graph saves (docs/simulator.md lists them), plus the
 //     transients at the peak moment (the vocab-parallel cross-entropy, the
 //     backward's gradient buffers)
-//   - communication buffers (ZeRO-3 gathered parameters, all-gather outputs)
-//   - the step's transient gradient buffers and optimizer temporaries
+//   - communication buffers (ZeRO-3 gathered units, all-gather outputs)
+//   - the step's transient gradient buffers (one unit in flight) and optimizer temporaries
 // The peak is the larger of the forward/backward phase and the optimizer phase.
 #pragma once
 #include <torch/torch.h>
@@ -17,6 +17,7 @@
 #include "autotp/model/model_config.h"
 #include "autotp/runtime/train_config.h"
 #include "autotp/zero/zero_optimizer.h"
+#include "autotp/zero/zero_units.h"
 #include "simulator/rank_shape.h"
 
 namespace autotp::sim {
@@ -29,11 +30,14 @@ struct SimLayout {
   int64_t seq_len = 1;                       // tokens per sequence
   int64_t gas = 1;                           // gradient accumulation steps
   torch::ScalarType dtype = torch::kBFloat16;
-  bool activation_checkpointing = false;     // every layer (ZeRO-3 recomputes anyway)
+  bool activation_checkpointing = false;     // full: every layer recomputed in the backward
+  bool selective_recompute = false;          // the attention core recomputed (without full checkpointing)
   OptimizerConfig optimizer;                 // AdamW by default (2 fp32 states)
-  int64_t reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;  // elements per gradient bucket
+  int64_t reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;        // elements per gradient bucket
+  int64_t allgather_bucket_size = ZeroConfig{}.allgather_bucket_size;  // elements per parameter gather
+  int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
   int dp() const { return gpus / tp; }
-  bool recompute() const { return activation_checkpointing || zero_stage == 3; }
+  bool recompute() const { return activation_checkpointing; }
 };
 
 struct MemoryEstimate {
@@ -41,9 +45,8 @@ struct MemoryEstimate {
   // Each kind below is its largest amount during the step; `total` is the peak of the sum.
   int64_t activations = 0;         // saved activations + backward transients (one micro-batch) + the batch
   int64_t comm_buffers = 0;        // ZeRO-3 gathered parameters, all-gather outputs
-  int64_t transient_grads = 0;     // full gradient buffers alive only during the step (stages 2-3)
-  int64_t optimizer_temporaries = 0;  // grad-norm (fp64) and AdamW temporaries
-  int64_t norm_mask = 0;           // the optimizer's fp32 mask of owned elements (4 bytes x flat buffer), persistent
+  int64_t transient_grads = 0;     // one unit's gradients and their reduction buffer (stages 2-3)
+  int64_t optimizer_temporaries = 0;  // grad-norm (fp64) chunk and the fp32 upcast chunk of the update
   int64_t forward_backward_peak = 0;
   int64_t optimizer_peak = 0;
   int64_t total = 0;               // predicted peak bytes = max of the two phases

@@ -107,8 +107,6 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
   if (cluster.calibration && cluster.calibration->world != layout.gpus)
     r.notes.push_back(fmt::format("cpu-local was calibrated with {} ranks, this layout has {}: contention differs",
                                   cluster.calibration->world, layout.gpus));
-  if (layout.zero_stage == 3 && !layout.activation_checkpointing)
-    r.notes.push_back("ZeRO-3 recomputes every layer in the backward (the engine gathers layers around it)");
   if (!r.fits)
     r.notes.push_back(fmt::format("does not fit: peak {} > usable {} per GPU", format_bytes(r.memory.total),
                                   format_bytes(r.usable_bytes)));
@@ -152,7 +150,6 @@ std::string format_result(const SimResult& r) {
   row("communication buffers", m.comm_buffers);
   if (m.transient_grads) row("transient gradients", m.transient_grads);
   if (m.optimizer_temporaries) row("optimizer temporaries", m.optimizer_temporaries);
-  if (m.norm_mask) row("grad-norm mask", m.norm_mask);
   s += fmt::format("  {:<24}{:>14}  (peak in the {} phase) of {} usable: {}\n", "total", format_bytes(m.total),
                    m.peak_phase == "optimizer" ? "optimizer" : "forward/backward", format_bytes(r.usable_bytes),
                    r.fits ? "fits" : "DOES NOT FIT");

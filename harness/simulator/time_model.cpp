@@ -1,5 +1,8 @@
 #include "simulator/time_model.h"
 
+#include "autotp/zero/zero_traffic.h"
+#include "autotp/zero/zero_units.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -105,9 +108,9 @@ double at_group(const std::map<int, double>& values, int n) {
 
 }  // namespace
 
-double zero3_gather_elements(const FlatRange& r, int64_t padded, int dp) {
-  const auto shares = FlatLayout::build({padded}, dp, 3).range_shares(r.begin, r.end);
-  return static_cast<double>(*std::max_element(shares.begin(), shares.end())) * dp;
+double zero3_gather_elements(const FlatRange& r, int64_t /*padded*/, int dp) {
+  // A unit is cut evenly over dp (flat_layout.h): every rank sends its padded 1/dp.
+  return static_cast<double>((r.end - r.begin + dp - 1) / dp * dp);
 }
 
 nlohmann::json TimeEstimate::to_json() const {
@@ -265,34 +268,31 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
   if (dp > 1) {
     double zero = 2 * collective_seconds(c, CollectiveOp::kAllReduce, 16, dp, dp_scope);  // tokens, loss
     int64_t calls = 2;
-    const int64_t bucket = std::max<int64_t>(1, l.reduce_bucket_size);
-    const bool scatter = stage >= 2 && c.native_reduce_scatter;
-    for (int64_t offset = 0; offset < P; offset += bucket) {
-      const double bytes = 4.0 * std::min(bucket, P - offset);  // fp32 gradients (accumulator when mixed)
-      zero += collective_seconds(c, scatter ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce, bytes, dp,
-                                 dp_scope);
-      ++calls;
-    }
-    if (stage == 1 || stage == 2) {
-      zero += collective_seconds(c, CollectiveOp::kAllGather, static_cast<double>(a) * P, dp, dp_scope);
-      ++calls;
-    }
     // cpu-local: what a collective costs inside a step beyond its back-to-back cost
     // (ranks time-sharing cores arrive apart and wake late), measured per group size.
     const double after_compute = c.calibration ? at_group(c.calibration->step_collective_extra_s, dp) : 0;
     const double between_layers = c.calibration ? at_group(c.calibration->layer_gather_extra_s, dp) : 0;
-    zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
-    if (stage == 3) {
-      // Outer parameters once per step (one gather each), every layer twice per micro-batch.
-      for (const auto& r : s.outer_ranges)
-        zero += collective_seconds(c, CollectiveOp::kAllGather, a * zero3_gather_elements(r, P, dp), dp, dp_scope);
-      calls += s.outer_tensors;
-      for (const auto& r : s.layer_ranges)
-        zero += 2 * gas *
-                (collective_seconds(c, CollectiveOp::kAllGather, a * zero3_gather_elements(r, P, dp), dp, dp_scope) +
-                 between_layers);
-      calls += static_cast<int64_t>(2 * gas * s.layer_ranges.size());
+    // The engine's own list of the step's ZeRO collectives (zero_traffic.h).
+    const bool mixed = l.dtype != torch::kFloat32;
+    ZeroStepShape zs;
+    zs.num_layers = config.num_layers;
+    zs.gradient_accumulation_steps = gas;
+    zs.element_bytes = a;
+    zs.fp32_accumulation = mixed && gas > 1;
+    zs.tied_embeddings = config.tie_word_embeddings;
+    zs.reduce_bucket_size = l.reduce_bucket_size;
+    zs.allgather_bucket_size = l.allgather_bucket_size;
+    const FlatLayout flat = zero_layout(build_plan(config, l.tp), s.tp_rank, dp, stage, l.persistence_threshold);
+    for (const auto& z : zero_step_collectives(flat, zs)) {
+      CollectiveOp op = z.op == ZeroCollective::Op::kAllGather   ? CollectiveOp::kAllGather
+                        : z.op == ZeroCollective::Op::kAllReduce ? CollectiveOp::kAllReduce
+                        : c.native_reduce_scatter                ? CollectiveOp::kReduceScatter
+                                                                 : CollectiveOp::kAllReduce;
+      zero += z.calls * collective_seconds(c, op, static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
+      zero += z.calls * (z.layer_gather ? between_layers : 0);
+      calls += z.calls;
     }
+    zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
     t.zero_comm_s = zero;
     t.zero_collectives = calls;
   }

@@ -27,7 +27,10 @@
 
 namespace autotp::io {
 
-constexpr int kCheckpointFormatVersion = 1;
+// 2: ZeRO partitions cut unit by unit (each tensor records its unit); 1: one
+// contiguous partition per rank (still read: every tensor in unit 0).
+constexpr int kCheckpointFormatVersion = 2;
+constexpr int kOldestCheckpointFormatVersion = 1;
 constexpr const char* kCheckpointMetadataFile = "metadata.json";
 constexpr const char* kCheckpointLatestFile = "latest";
 
@@ -37,6 +40,7 @@ std::string step_dir_name(int64_t step);                // "step_12"
 struct CheckpointTensor {
   std::string name;  // HF name
   ShardSpec spec;    // how it is cut over the saved tp size
+  int unit = 0;      // its ZeRO unit (zero_units.h) in the saved flat layout
 };
 
 struct CheckpointFile {

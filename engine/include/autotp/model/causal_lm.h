@@ -19,7 +19,6 @@
 
 namespace autotp {
 
-struct CheckpointFn;  // a recomputed layer's closure (causal_lm.cpp)
 
 struct Parameter {
   const PlanEntry* entry = nullptr;  // desc (HF name, shape), role and ShardSpec
@@ -73,14 +72,26 @@ class CausalLM {
   // Recompute these layers in the backward instead of keeping their activations
   // (only each layer's input is kept). Empty = none.
   void set_activation_checkpointing(std::vector<bool> per_layer) { checkpoint_layers_ = std::move(per_layer); }
-  // Called around every use of a decoder layer's parameters: in the forward,
-  // and again around its recomputation in the backward (ZeRO-3 gathers the
-  // layer's parameters in `before` and releases them in `after`). Setting
-  // hooks makes every layer recompute in the backward.
-  struct LayerHooks {
-    std::function<void(int64_t)> before, after;
+  // Selective recomputation (Korthikanti et al. 2022): keep each layer's
+  // activations but recompute the attention core (its output and softmax
+  // statistics) in the backward from the saved q, k, v.
+  void set_selective_recompute(bool on) { selective_recompute_ = on; }
+
+  // The parameter uses the model announces: the embeddings (kEmbeddingUse), each
+  // decoder layer (its index) and the head (final norm + LM head, num_layers()).
+  static constexpr int64_t kEmbeddingUse = -1;
+  int64_t head_use() const { return config_.num_layers; }
+  // Called around every use of parameters (ZeRO-3 gathers in `before_*` and
+  // releases in `after_*`; ZeRO-2/3 reduce a layer's gradients in
+  // `after_backward`). Forward: before_forward / after_forward around the use.
+  // Backward (with autograd on): before_backward before the use's backward
+  // (ahead of its recomputation when checkpointed) and after_backward once its
+  // parameter gradients are accumulated. The embeddings' backward reads no
+  // parameter, so they get no backward calls (their backward ends the pass).
+  struct UseHooks {
+    std::function<void(int64_t)> before_forward, after_forward, before_backward, after_backward;
   };
-  void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
+  void set_use_hooks(UseHooks hooks) { hooks_ = std::move(hooks); }
 
   // The whole (logical) tensor of a parameter, gathered over the tp group; every rank gets it.
   torch::Tensor gather(const Parameter& p);
@@ -102,7 +113,10 @@ class CausalLM {
   torch::Tensor lm_head_logits(const torch::Tensor& hidden);
   const Parameter* find(const std::string& name) const;
   torch::Tensor tensor(const std::string& name) const;
-  torch::Tensor run_layer(int64_t layer, const torch::Tensor& x, std::function<torch::Tensor(const torch::Tensor&)> fn);
+  // Runs fn on x as use `use` (hooks around it; recomputed in the backward when `checkpoint`).
+  torch::Tensor run_use(int64_t use, const torch::Tensor& x, std::function<torch::Tensor(const torch::Tensor&)> fn,
+                        bool checkpoint);
+  torch::Tensor final_norm(const torch::Tensor& x);
 
   ModelConfig config_;
   TpPlan plan_;
@@ -112,9 +126,11 @@ class CausalLM {
   std::vector<Parameter> params_;
   std::map<std::string, size_t> index_;
   std::vector<bool> checkpoint_layers_;
-  LayerHooks hooks_;
-  // Closures of checkpointed layers of the current forward, alive until its backward.
-  std::vector<std::unique_ptr<CheckpointFn>> checkpoint_fns_;
+  bool selective_recompute_ = false;
+  UseHooks hooks_;
+  // Closures the current forward's backward calls (recomputed layers and
+  // attention cores, backward hooks), alive until the next forward.
+  std::vector<std::shared_ptr<void>> backward_state_;
 };
 
 // Local query-head range [first, first + count) of rank `tp_rank` for a q

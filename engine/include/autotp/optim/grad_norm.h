@@ -13,5 +13,7 @@ constexpr int64_t kGradNormChunk = int64_t{1} << 16;
 // masking is exact), accumulated in fp64 chunk by chunk (BLAS dot of each
 // chunk). Returns a 1-element fp64 tensor on values' device (no host sync).
 torch::Tensor masked_sum_of_squares(const torch::Tensor& values, const torch::Tensor& mask);
+// sum_i values_i^2 over 1-D `values` (any float dtype), in fp64 chunk by chunk.
+torch::Tensor sum_of_squares(const torch::Tensor& values);
 
 }  // namespace autotp

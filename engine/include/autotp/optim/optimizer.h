@@ -19,6 +19,10 @@ class FlatOptimizer {
 
   // One update of `params` (fp32, in place) with `grads` (fp32) at learning rate lr.
   void step(torch::Tensor& params, const torch::Tensor& grads, double lr);
+  // The same in pieces: begin_step() once, then update() for stretches
+  // [offset, offset + params.numel()) that together cover the states once.
+  void begin_step() { ++step_; }
+  void update(int64_t offset, torch::Tensor params, const torch::Tensor& grads, double lr);
 
   int64_t steps() const { return step_; }
   // State tensors by name ("exp_avg", "exp_avg_sq" or "momentum_buffer"), for checkpoints and memory accounting.

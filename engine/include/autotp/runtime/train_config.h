@@ -46,7 +46,12 @@ struct Fp16Config {
 
 struct ZeroConfig {
   int stage = 0;                                    // 0 (plain data parallel) .. 3
-  int64_t reduce_bucket_size = 500000000;           // elements per gradient reduction bucket
+  int64_t reduce_bucket_size = 500000000;           // elements per gradient reduction (all-reduce / reduce-scatter)
+  int64_t allgather_bucket_size = 500000000;        // elements per parameter all-gather
+  bool overlap_comm = false;                        // accepted; collectives run synchronously (docs/memory.md)
+  bool contiguous_gradients = true;                 // accepted; buckets are always contiguous copies
+  int64_t stage3_prefetch_bucket_size = 50000000;   // accepted; no prefetch yet (docs/memory.md)
+  int64_t stage3_param_persistence_threshold = 100000;  // stage 3: tensors below this many elements stay whole
   bool gather_16bit_weights_on_model_save = false;  // stage 3: also save gathered 16-bit weights
 };
 
@@ -56,8 +61,9 @@ struct TensorParallelConfig {
 };
 
 struct ActivationCheckpointingConfig {
-  bool enabled = false;         // recompute layer activations in the backward pass
-  std::vector<int64_t> layers;  // which decoder layers; empty + enabled = every layer
+  bool enabled = false;         // recompute something in the backward pass (mode says what)
+  std::string mode = "off";     // "off", "full" (whole layers) or "selective" (the attention core)
+  std::vector<int64_t> layers;  // full mode: which decoder layers; empty = every layer
 };
 
 struct TrainConfig {

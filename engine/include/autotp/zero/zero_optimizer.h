@@ -1,18 +1,26 @@
 // ZeroOptimizer: ZeRO stages 0-3 over the data-parallel group, on this rank's
-// tensor-parallel shards. The shards are views into one flat buffer per rank
-// (padded to a multiple of the dp size), so a ZeRO partition is one contiguous
-// range of it and every reduction is a single collective:
-//   stage 0: gradients all-reduced; optimizer states for the whole buffer
-//   stage 1: gradients all-reduced; fp32 master weights and optimizer states for
-//            this rank's partition only; updated partitions all-gathered
-//   stage 2: gradients reduce-scattered, only the partition is kept after the step
-//   stage 3: parameters partitioned too: each decoder layer's parameters are
-//            all-gathered right before the layer runs and released right after,
-//            in the forward and again around its recomputation in the backward;
-//            embeddings, final norm and LM head are gathered for the whole step
-// Gradients of kv slices shared by several tp ranks are summed over them first;
-// the global gradient norm counts every logical element once (TpPlan ownership
-// across tp, partitions across dp). Not thread safe.
+// tensor-parallel shards. The shards are views into one flat buffer per rank,
+// made of units (zero_units.h: the embeddings, each decoder layer, the head);
+// dp rank d owns the d-th slice of every unit (flat_layout.h), so a unit is
+// gathered or reduced by one collective per bucket in which every rank moves
+// 1/dp of it:
+//   stage 0: gradients (model dtype) all-reduced in buckets; optimizer states for the whole buffer
+//   stage 1: gradients (model dtype) reduce-scattered unit by unit at the step;
+//            fp32 master weights and optimizer states for this rank's partition
+//            only; updated partitions all-gathered unit by unit
+//   stage 2: each unit's gradients reduce-scattered as soon as the backward has
+//            produced them (the model's use hooks) and then freed: only the
+//            reduced partition is kept
+//   stage 3: parameters partitioned too: each unit is all-gathered right
+//            before its use (embeddings, each layer, the head) and its storage
+//            freed right after, again around its backward; small tensors stay
+//            whole (stage3_param_persistence_threshold)
+// The optimizer step upcasts the partition's gradients to fp32 one bucket at a
+// time. With bf16/fp16 and gradient_accumulation_steps > 1, gradients
+// accumulate in fp32 instead (docs/memory.md). Gradients of kv slices shared by
+// several tp ranks are summed over them first; the global gradient norm counts
+// every logical element once (TpPlan ownership across tp, partitions across
+// dp) from precomputed ranges, without a mask. Not thread safe.
 #pragma once
 #include <torch/torch.h>
 
@@ -21,6 +29,7 @@
 #include "autotp/optim/optimizer.h"
 #include "autotp/runtime/train_config.h"
 #include "autotp/zero/flat_layout.h"
+#include "autotp/zero/zero_units.h"
 
 namespace autotp {
 
@@ -58,14 +67,16 @@ struct StepOutcome {
 class ZeroOptimizer {
  public:
   ZeroOptimizer(CausalLM& model, Topology& topology, const TrainConfig& config);
+  ~ZeroOptimizer();
 
-  // Before the first forward of a step: zeroes gradients (and gathers parameters at stage 3).
+  // Before the first forward of a step: zeroes gradients.
   void begin_step();
   // The factor the loss must be multiplied by before backward (fp16 loss scale, else 1).
   double loss_scale() const { return loss_scale_; }
-  // After each micro-batch's backward (low-precision grads move into the fp32 accumulator).
+  // After each micro-batch's backward: accumulates (stages 0-1) or reduces the
+  // units the backward left unreduced (stages 2-3: embeddings, persistent tensors).
   void after_backward();
-  // Reduces, clips, updates and redistributes; returns the step's gradient norm.
+  // Reduces (stages 0-1), clips, updates and redistributes; returns the step's gradient norm.
   StepOutcome step(double lr);
 
   // Stage 3: makes every parameter whole again (until the next step) so the
@@ -74,14 +85,17 @@ class ZeroOptimizer {
 
   ModelStateBytes model_state_bytes() const;
   // The same numbers from the formula of docs/memory.md (no buffers consulted).
-  static ModelStateBytes analytic_bytes(int64_t local_numel, int dp_size, int stage, torch::ScalarType dtype,
-                                        const OptimizerConfig& optimizer);
+  // `fp32_grad_accumulation`: 16-bit training with gradient accumulation.
+  static ModelStateBytes analytic_bytes(const FlatLayout& layout, torch::ScalarType dtype,
+                                        const OptimizerConfig& optimizer, bool fp32_grad_accumulation);
   int64_t local_numel() const { return layout_.local_numel; }
   int64_t padded_numel() const { return layout_.padded; }
   const FlatLayout& layout() const { return layout_; }
+  const std::vector<int>& unit_ids() const { return layout_.unit_of; }
   int stage() const { return stage_; }
+  bool fp32_grad_accumulation() const { return fp32_accum_; }
 
-  // Checkpoints: this rank's partition (views, not copies; valid between steps).
+  // Checkpoints: this rank's partition [part] (copies at stages 1-2).
   PartitionState partition_state() const;
   // Restores the partition from fp32 master values [part] and optimizer states
   // (same names as partition_state), then redistributes the parameters over dp
@@ -90,44 +104,64 @@ class ZeroOptimizer {
                             int64_t optimizer_steps);
   LossScalerState loss_scaler_state() const { return {loss_scale_, good_steps_, hysteresis_left_}; }
   void set_loss_scaler_state(const LossScalerState& state);
-  // Elements [begin, end) of this tp rank's fp32 master buffer, gathered over dp
-  // (collective over dp at stages 1-3; local at stage 0). For export.
+  // Elements [begin, end) (inside one parameter) of this tp rank's fp32 master
+  // buffer, gathered over dp (collective over dp at stages 1-3). For export.
   torch::Tensor gather_master(int64_t begin, int64_t end);
 
  private:
-  void bind_params(const torch::Tensor& flat);
-  void bind_grads(const torch::Tensor& flat);
-  void release_params();
+  // Model-dtype flat buffers on the model's device.
+  torch::TensorOptions low_options() const { return torch::TensorOptions().dtype(low_).device(model_.device()); }
+  int64_t slice_of(int unit) const { return layout_.units[unit].length / layout_.dp; }
+  // This rank's slice of `unit` within a flat-buffer-sized tensor.
+  torch::Tensor own_slice(const torch::Tensor& flat, int unit) const;
+  // Flat position of partition element `index` (stage >= 1).
+  int64_t flat_of(int64_t index) const;
+  // The partition's gradients / fp32 master values at partition [begin, +length) (inside one piece).
+  torch::Tensor grads_at(int64_t begin, int64_t length) const;
+  torch::Tensor master_at(int64_t begin, int64_t length) const;
+  torch::Tensor master_partition() const;  // [part] fp32 (a copy where not contiguous)
+  // Reduce-scatters a unit-sized tensor over dp in buckets of reduce_bucket_size
+  // and adds (or copies) this rank's slice into `out`.
+  void reduce_scatter_unit(const torch::Tensor& unit_values, torch::Tensor out, bool accumulate);
+  // All-gathers every rank's slice `local` of a unit into `unit_values` in buckets of allgather_bucket_size.
+  void all_gather_unit(const torch::Tensor& local, torch::Tensor unit_values);
+  // Stages 2-3: moves the unit's parameter gradients into one buffer, reduce-scatters it into the partition.
+  void reduce_unit_grads(int unit);
+  void acquire_unit(int unit);  // stage 3: gather (counted)
+  void release_unit(int unit);
+  void release_pins();
+  void install_hooks();
   // After the partition changed: low-precision copies and the other dp ranks' views follow.
   void redistribute_params();
-  torch::Tensor gather_range(const torch::Tensor& part, int64_t begin, int64_t end);
-  void gather_layer(int64_t layer);
-  void release_layer(int64_t layer);
-  void sync_shared_grads(torch::Tensor& flat_fp32);
-  torch::Tensor partition(const torch::Tensor& flat) const;
+  void sync_shared_grads(torch::Tensor& flat);
+  void compute_norm_ranges();
 
   CausalLM& model_;
   Topology& topo_;
   int stage_;
   double clip_;
-  int64_t bucket_elements_;  // zero_optimization.reduce_bucket_size
+  int64_t reduce_bucket_, gather_bucket_;
   Fp16Config fp16_;
   torch::ScalarType low_;
-  // Flat buffers in the model dtype on the model's device.
-  torch::TensorOptions low_options() const { return torch::TensorOptions().dtype(low_).device(model_.device()); }
   bool mixed_;
+  bool fp32_accum_;  // 16-bit training with gradient accumulation: gradients accumulate in fp32
   FlatLayout layout_;
-  int64_t padded_ = 0, part_numel_ = 0, part_offset_ = 0;  // from layout_, for brevity
-  std::vector<int64_t> offsets_;                            // layout_.offsets
-  std::vector<std::vector<size_t>> layer_params_;  // stage 3: parameter indices of each decoder layer
-  std::vector<size_t> outer_params_;               // stage 3: the others (embeddings, final norm, head)
-  torch::Tensor flat_params_;     // model dtype, padded (absent between steps at stage 3)
-  torch::Tensor param_part_;      // stage 3: this rank's partition of the parameters
-  torch::Tensor flat_grads_;      // model dtype, what autograd accumulates into
-  torch::Tensor grad_accum_;      // fp32 accumulator when the model dtype is not fp32
-  torch::Tensor grad_part_;       // stage 2/3: reduced gradient partition (fp32)
-  torch::Tensor master_;          // fp32 master partition (a view of the params in fp32 training)
-  torch::Tensor owned_mask_;      // fp32, 1 where this tp rank owns the element for norms
+  std::vector<PartitionPiece> pieces_;             // this dp rank's partition
+  ZeroUnits ids_;
+  std::vector<std::vector<size_t>> unit_params_;   // parameter indices per unit
+  std::vector<std::vector<int>> use_units_;        // per use + 1: the units it reads
+  std::vector<std::vector<int>> reduce_after_use_; // per use + 1: units reduced when its backward ends
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // partition [begin, length) this rank counts in the norm
+  torch::Tensor flat_params_;                // stages 0-2: model dtype, the whole buffer
+  torch::Tensor param_part_;                 // stage 3: this rank's partition of the parameters
+  std::vector<torch::Tensor> unit_buffers_;  // stage 3: per unit, its whole buffer (storage freed when released)
+  std::vector<int> gathered_;                // stage 3: holders per unit
+  bool pinned_ = false;                      // stage 3: gather_all_params holds every unit
+  torch::Tensor flat_grads_;   // stages 0-1: model dtype, what autograd accumulates into
+  torch::Tensor grad_accum_;   // stages 0-1 with fp32 accumulation
+  torch::Tensor grad_part_;    // stages 2-3: the reduced partition (model dtype, fp32 with fp32 accumulation)
+  std::vector<bool> unit_reduced_;  // stages 2-3: reduced in this micro-batch's backward
+  torch::Tensor master_;       // fp32 master partition (mixed precision only)
   std::unique_ptr<FlatOptimizer> optimizer_;
   double loss_scale_ = 1;
   int64_t good_steps_ = 0;

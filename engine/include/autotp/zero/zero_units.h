@@ -1,0 +1,39 @@
+// ZeRO units: the groups of parameters ZeRO gathers, reduces and partitions as
+// wholes (FlatLayout cuts every unit over the dp ranks). Unit ids, in
+// flat-buffer order:
+//   0            the embeddings (token, and GPT-2's positions)
+//   1 + l        decoder layer l
+//   L + 1        the head: final norm and an untied LM head
+//   L + 2        stage 3 only: the persistent tensors, those whose whole
+//                tensor has fewer elements than stage3_param_persistence_threshold;
+//                they stay gathered for the whole run (DeepSpeed's rule)
+// The ids are the same on every tp rank (the threshold reads the whole tensor).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autotp/tp/tp_plan.h"
+#include "autotp/zero/flat_layout.h"
+
+namespace autotp {
+
+struct ZeroUnits {
+  int64_t num_layers = 0;
+  static constexpr int kEmbedding = 0;
+  int layer(int64_t l) const { return static_cast<int>(1 + l); }
+  int head() const { return static_cast<int>(num_layers + 1); }
+  int persistent() const { return static_cast<int>(num_layers + 2); }
+  int count() const { return static_cast<int>(num_layers + 3); }
+};
+
+// The decoder layer a parameter name belongs to ("model.layers.3.", "transformer.h.3."), or -1.
+int64_t decoder_layer_of(const std::string& name);
+
+// Unit id of every plan entry, in plan order.
+std::vector<int> zero_unit_ids(const TpPlan& plan, int stage, int64_t persistence_threshold);
+
+// The flat layout of tp rank `tp_rank` that ZeroOptimizer builds for `plan`.
+FlatLayout zero_layout(const TpPlan& plan, int tp_rank, int dp, int stage, int64_t persistence_threshold);
+
+}  // namespace autotp
