@@ -127,6 +127,76 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ResumeExact,
                                            ResumeCase{2, "bf16"}),
                          [](const auto& info) { return "tp" + std::to_string(info.param.tp) + "_" + info.param.dtype; });
 
+// Format 1 (before ZeRO cut the flat buffer unit by unit: one contiguous
+// partition per rank) still loads. B trains 3 steps at dp 2 and saves; rank 0
+// rewrites the files as format 1 laid them out (parameters back to back in
+// model order, padded once, split in dp contiguous halves); C loads them and
+// repeats A's steps 4-6 bit for bit.
+AUTOTP_WORKER(resume_format1) {
+  const std::string root = ctx.args.at(0), data = ctx.args.at(1);
+  const int stage = std::stoi(ctx.args.at(2));
+  auto topo = ctx.topology(1);
+  auto a = make_trainer(topo, stage, false, data, 0);
+  std::vector<StepMetrics> want;
+  for (int s = 0; s < 6; ++s) want.push_back(a->train_step());
+  auto b = make_trainer(topo, stage, false, data, 0);
+  for (int s = 0; s < 3; ++s) b->train_step();
+  const std::string step_dir = save_checkpoint(*b, root);
+  if (topo->rank() == 0) {
+    auto ckpt = io::SavedCheckpoint::open(step_dir);
+    const auto& meta = ckpt.metadata();
+    int64_t total = 0;
+    for (const auto& t : meta.tensors) total += t.spec.local_numel(0);
+    const int dp = meta.dp;
+    const int64_t part = (total + dp - 1) / dp;
+    std::vector<std::string> states = {"params"};
+    for (const auto& name : meta.optimizer_states) states.push_back("optimizer." + name);
+    std::map<std::string, torch::Tensor> flat;
+    for (const auto& state : states) {
+      auto values = torch::zeros({part * dp}, torch::kFloat32);
+      int64_t offset = 0;
+      for (size_t i = 0; i < meta.tensors.size(); ++i) {
+        auto local = ckpt.read_local(i, 0, state == "params" ? "master" : state).reshape({-1});
+        values.narrow(0, offset, local.numel()).copy_(local);
+        offset += local.numel();
+      }
+      flat[state] = values;
+    }
+    json j = meta.to_json();
+    j["version"] = 1;
+    for (auto& t : j["tensors"]) t.erase("unit");
+    j["files"] = json::array();
+    for (int d = 0; d < dp; ++d) {
+      io::NamedTensors tensors;
+      for (const auto& state : states) tensors.emplace_back(state, flat[state].narrow(0, d * part, part).clone());
+      tensors.emplace_back("rng_state", ckpt.read_rng_state(d));
+      const std::string name = io::rank_file_name(0, d);
+      io::write_safetensors(step_dir + "/" + name, tensors);
+      const auto sum = io::checksum_file(step_dir + "/" + name);
+      j["files"].push_back({{"name", name}, {"tp_rank", 0}, {"dp_rank", d}, {"crc32", sum.crc32}, {"bytes", sum.bytes}});
+    }
+    std::ofstream(step_dir + "/" + io::kCheckpointMetadataFile) << j.dump(2);
+  }
+  topo->world().barrier();
+  auto c = make_trainer(topo, stage, false, data, /*other weights*/ 99);
+  WORKER_CHECK(load_checkpoint(*c, root) == 3, "resumed at the wrong step");
+  for (int s = 3; s < 6; ++s) {
+    auto got = c->train_step();
+    WORKER_CHECK(got.loss == want[s].loss, "stage ", stage, " step ", s + 1, ": loss ", got.loss,
+                 " after a format-1 resume vs ", want[s].loss, " uninterrupted");
+    WORKER_CHECK(got.grad_norm == want[s].grad_norm, "grad norm ", got.grad_norm, " vs ", want[s].grad_norm);
+  }
+}
+
+TEST(ResumeFormat1, ContiguousPartitionsStillLoad) {
+  for (int stage : {1, 3}) {
+    const std::string dir = test::make_temp_dir("format1");
+    const std::string data = write_token_file(dir, 20, 259);
+    auto result = test::run_workers("resume_format1", 2, {dir + "/ckpt", data, std::to_string(stage)});
+    ASSERT_EQ(result.exit_code, 0) << "stage " << stage << ": " << result.summary;
+  }
+}
+
 // Saves step 1, then dies (SIGKILL on one rank) during the save of step 2.
 AUTOTP_WORKER(kill_during_save) {
   const std::string root = ctx.args.at(0), data = ctx.args.at(1);

@@ -10,6 +10,7 @@
 
 #include "autotp/comm/autograd_collectives.h"
 #include "autotp/model/attention.h"
+#include "autotp/model/rms_norm.h"
 #include "autotp/runtime/error.h"
 #include "autotp/tp/parallel_layers.h"
 
@@ -27,13 +28,6 @@ uint64_t fnv1a(const std::string& text) {
 Comm& self_comm() {
   static Comm comm;
   return comm;
-}
-
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  // As HF: normalise in fp32, cast back, then scale.
-  auto h = x.to(torch::kFloat32);
-  h = h * torch::rsqrt(h.pow(2).mean(-1, true) + eps);
-  return weight * h.to(x.scalar_type());
 }
 
 torch::Tensor rotate_half(const torch::Tensor& x) {

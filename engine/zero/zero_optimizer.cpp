@@ -376,7 +376,11 @@ void ZeroOptimizer::after_backward() {
   torch::NoGradGuard no_grad;
   if (stage_ <= 1) {
     if (!fp32_accum_) return;  // gradients accumulate in place
-    grad_accum_.add_(flat_grads_);
+    // Chunk by chunk: a mixed-dtype add_ upcasts its whole operand first.
+    for (int64_t begin = 0; begin < layout_.padded; begin += kUpdateChunk) {
+      const int64_t n = std::min(kUpdateChunk, layout_.padded - begin);
+      grad_accum_.narrow(0, begin, n).add_(flat_grads_.narrow(0, begin, n));
+    }
     flat_grads_.zero_();
     return;
   }

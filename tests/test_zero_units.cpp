@@ -1,0 +1,178 @@
+// ZeRO's units: the flat layout that cuts every unit over the dp ranks, the
+// memory-lean RMSNorm, and on real Gloo ranks the ZeRO-3 step's traffic and
+// peak memory against their closed forms.
+#include <gtest/gtest.h>
+
+#include "autotp/model/presets.h"
+#include "autotp/model/rms_norm.h"
+#include "autotp/runtime/memory_counter.h"
+#include "autotp/runtime/trainer.h"
+#include "autotp/zero/flat_layout.h"
+#include "autotp/zero/zero_units.h"
+#include "support/model_fixtures.h"
+#include "support/multiprocess.h"
+
+namespace autotp {
+namespace {
+
+using nlohmann::json;
+
+TEST(FlatLayout, EveryUnitIsCutOverEveryRank) {
+  // Parameters of 3, 5 | 4 | 1 elements in units 0, 0, 1, 2 over dp 2: units of 8, 4, 1 -> padded 8, 4, 2.
+  const FlatLayout l = FlatLayout::build({3, 5, 4, 1}, {0, 0, 1, 2}, 2, 1);
+  EXPECT_EQ(l.offsets, (std::vector<int64_t>{0, 3, 8, 12}));
+  ASSERT_EQ(l.units.size(), 3u);
+  EXPECT_EQ(l.units[2].begin, 12);
+  EXPECT_EQ(l.units[2].length, 2);
+  EXPECT_EQ(l.padded, 14);
+  EXPECT_EQ(l.part, 7);
+  // Rank 1 owns the second half of every unit, back to back in its partition.
+  const auto pieces = l.pieces(1);
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0].flat_begin, 4);
+  EXPECT_EQ(pieces[0].part_begin, 0);
+  EXPECT_EQ(pieces[1].flat_begin, 10);
+  EXPECT_EQ(pieces[1].part_begin, 4);
+  EXPECT_EQ(pieces[2].flat_begin, 13);
+  EXPECT_EQ(pieces[2].part_begin, 6);
+  EXPECT_EQ(l.home(9).dp_rank, 0);
+  EXPECT_EQ(l.home(9).part_index, 5);
+  EXPECT_EQ(l.home(13).dp_rank, 1);
+  EXPECT_EQ(l.home(13).part_index, 6);
+  // Gathering parameter 1 (flat [3, 8)): rank 0 holds 1 element of it, rank 1 four.
+  EXPECT_EQ(l.range_shares(3, 8), (std::vector<int64_t>{1, 4}));
+  // Stage 0: one piece, the whole buffer; no unit ids: one unit (checkpoint format 1).
+  EXPECT_EQ(FlatLayout::build({3, 5, 4, 1}, {0, 0, 1, 2}, 2, 0).pieces(1).size(), 1u);
+  EXPECT_EQ(FlatLayout::build({7}, {}, 4, 3).range_shares(1, 7), (std::vector<int64_t>{1, 2, 2, 1}));
+}
+
+TEST(ZeroUnits, LayersEmbeddingsHeadAndPersistentTensors) {
+  const auto config = ModelConfig::from_json(test::preset_config("llama-tiny"), "llama-tiny");
+  const TpPlan plan = TpPlan::build(config, {});
+  const ZeroUnits ids{config.num_layers};
+  const auto at3 = zero_unit_ids(plan, 3, 1000), at1 = zero_unit_ids(plan, 1, 1000);
+  for (size_t i = 0; i < plan.entries().size(); ++i) {
+    const auto& e = plan.entries()[i];
+    const int64_t layer = decoder_layer_of(e.desc.name);
+    const int natural = layer >= 0                                ? ids.layer(layer)
+                        : e.desc.kind == ParamKind::kEmbedding ? ZeroUnits::kEmbedding
+                                                                  : ids.head();
+    EXPECT_EQ(at1[i], natural) << e.desc.name;  // no persistent unit below stage 3
+    const bool small = e.desc.kind == ParamKind::kNorm;  // [96] < 1000; every matrix is larger
+    EXPECT_EQ(at3[i], small ? ids.persistent() : natural) << e.desc.name;
+  }
+  EXPECT_EQ(decoder_layer_of("transformer.h.11.attn.c_attn.weight"), 11);
+  EXPECT_EQ(decoder_layer_of("model.norm.weight"), -1);
+  EXPECT_EQ(zero_layout(plan, 0, 2, 3, 1000).whole_unit, ids.persistent());
+  EXPECT_EQ(zero_layout(plan, 0, 2, 3, 0).whole_unit, -1);
+}
+
+// Autograd on HF's plain ops, the reference the fused function must equal.
+torch::Tensor plain_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  auto h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+TEST(RmsNorm, EqualsAutogradOnThePlainOpsBitForBit) {
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(4);
+    auto x = torch::randn({3, 5, 64}).to(dtype);
+    auto w = (1 + 0.1 * torch::randn({64})).to(dtype);
+    auto g = torch::randn({3, 5, 64}).to(dtype);
+    auto x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
+    auto x2 = x.clone().requires_grad_(true), w2 = w.clone().requires_grad_(true);
+    auto y1 = rms_norm(x1, w1, 1e-6), y2 = plain_rms_norm(x2, w2, 1e-6);
+    y1.backward(g);
+    y2.backward(g);
+    EXPECT_TRUE(torch::equal(y1, y2)) << dtype;
+    EXPECT_TRUE(torch::equal(x1.grad(), x2.grad())) << dtype << " max diff "
+                                                    << (x1.grad() - x2.grad()).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(w1.grad(), w2.grad())) << dtype;
+  }
+}
+
+// ZeRO-3 over 4 dp ranks with every tensor partitioned: one step moves, per
+// rank, (dp - 1) / dp of 3 x the model bytes (gather forward, gather backward,
+// reduce-scatter) less the embeddings' backward gather (their backward reads
+// no weight); the step's peak stays within model states + the activations a
+// stage-0 step needs + two gathered layers + two reduction buckets.
+AUTOTP_WORKER(zero3_traffic_and_peak) {
+  install_memory_counter();
+  const bool bf16 = ctx.args.at(0) == "bf16";
+  const int64_t gas = std::stoll(ctx.args.at(1));
+  auto topo = ctx.topology(1);
+  const int dp = topo->dp_size();
+  auto source = resolve_model("preset:llama-small");
+  const TpPlan plan = TpPlan::build(source.config, {});
+  constexpr int64_t kBucket = 1 << 20;
+  auto make = [&](int stage) {
+    json j = {{"train_micro_batch_size_per_gpu", 1},
+              {"gradient_accumulation_steps", gas},
+              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+              {"gradient_clipping", 1.0},
+              {"bf16", {{"enabled", bf16}}},
+              {"zero_optimization",
+               {{"stage", stage}, {"reduce_bucket_size", kBucket}, {"stage3_param_persistence_threshold", 0}}}};
+    auto config = TrainConfig::from_json(j, "test");
+    config.resolve_batch(topo->world_size());
+    return std::make_unique<Trainer>(config, topo, load_model(source, plan, topo->tp(), training_dtype(config), 1),
+                                     nullptr, false);
+  };
+  torch::manual_seed(7 + topo->dp_rank());
+  std::vector<Batch> batches;
+  for (int64_t i = 0; i < gas; ++i) {
+    auto rows = torch::randint(0, source.config.vocab_size, {1, 65}, torch::kLong);
+    batches.push_back({rows.narrow(1, 0, 64).contiguous(), rows.narrow(1, 1, 64).contiguous()});
+  }
+  const int64_t e = bf16 ? 2 : 4;
+  int64_t stage0_activations = 0;
+  {
+    auto t0 = make(0);
+    t0->train_step(batches);
+    stage0_activations = t0->train_step(batches).activations_peak_bytes;
+  }
+  auto t3 = make(3);
+  t3->train_step(batches);  // warm-up: buffers sized
+  const CommStats before = topo->dp().stats();
+  const StepMetrics m = t3->train_step(batches);
+  const CommStats after = topo->dp().stats();
+
+  const FlatLayout& layout = t3->optimizer().layout();
+  const ZeroUnits ids{source.config.num_layers};
+  const int64_t model = layout.padded, embed = layout.units[ZeroUnits::kEmbedding].length;
+  int64_t largest_layer = 0;
+  for (int64_t l = 0; l < source.config.num_layers; ++l)
+    largest_layer = std::max(largest_layer, layout.units[ids.layer(l)].length);
+  const int64_t gathered = after.all_gather_bytes - before.all_gather_bytes;
+  const int64_t reduced = after.reduce_scatter_bytes - before.reduce_scatter_bytes;
+  WORKER_CHECK(reduced == gas * e * model, "reduce-scatter bytes ", reduced, " vs ", gas * e * model);
+  WORKER_CHECK(gathered == gas * e * (2 * model - embed), "all-gather bytes ", gathered, " vs ",
+               gas * e * (2 * model - embed));
+  const double wire = (dp - 1.0) / dp * static_cast<double>(gathered + reduced);
+  const double expected = (dp - 1.0) / dp * gas * e * (3 * model - embed);
+  WORKER_CHECK(wire == expected, "per-rank traffic ", wire, " vs ", expected);
+
+  const int64_t states = m.model_states.total();
+  const int64_t bound = states + stage0_activations + 2 * e * largest_layer + 2 * e * kBucket;
+  WORKER_CHECK(m.peak_allocated_bytes <= bound, "ZeRO-3 peak ", m.peak_allocated_bytes, " > states ", states,
+               " + stage-0 activations ", stage0_activations, " + 2 layers ", 2 * e * largest_layer,
+               " + 2 buckets ", 2 * e * kBucket);
+  if (topo->rank() == 0)
+    std::fprintf(stderr,
+                 "%s gas %ld: %.1f MB per rank on the wire (3 x %.1f MB model - embeddings); peak %.1f MB <= %.1f MB "
+                 "(states %.1f, stage-0 activations %.1f)\n",
+                 bf16 ? "bf16" : "fp32", static_cast<long>(gas), wire / 1e6, e * model / 1e6,
+                 m.peak_allocated_bytes / 1e6, bound / 1e6, states / 1e6, stage0_activations / 1e6);
+}
+
+TEST(ZeroThree, StepTrafficAndPeakMatchTheClosedForms) {
+  for (const char* dtype : {"fp32", "bf16"})
+    for (const char* gas : {"1", "2"}) {
+      auto result = test::run_workers("zero3_traffic_and_peak", 4, {dtype, gas});
+      ASSERT_EQ(result.exit_code, 0) << dtype << " gas " << gas << ": " << result.summary;
+    }
+}
+
+}  // namespace
+}  // namespace autotp
