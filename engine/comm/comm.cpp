@@ -249,6 +249,44 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
   return torch::cat(blocks, dim);
 }
 
+void Comm::all_gather_into(torch::Tensor& out, const torch::Tensor& local) {
+  TORCH_CHECK(out.is_contiguous() && out.numel() == local.numel() * size_ && out.scalar_type() == local.scalar_type(),
+              "Comm::all_gather_into on group '", name_, "': ", out.numel(), " output elements for ", size_,
+              " blocks of ", local.numel());
+  torch::NoGradGuard no_grad;
+  auto input = local.contiguous().view({-1});
+  auto stacked = out.view({size_, local.numel()});
+  if (size_ == 1) {
+    stacked[0].copy_(input);
+    return;
+  }
+  TORCH_CHECK(!out.storage().is_alias_of(local.storage()), "Comm::all_gather_into on group '", name_,
+              "': the input lies inside the output");
+  stats_.all_gather_calls += 1;
+  stats_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
+  if (local.numel() == 0) return;
+  Stopwatch timed(stats_.seconds);
+  if (shm_ && !local.is_cuda()) {
+    try {
+      shm_->all_gather(input, stacked);
+    } catch (const std::exception& error) {
+      fail("all_gather", error);
+    }
+  } else if (on_nccl(local)) {
+    run("all_gather", [&] {
+      at::Tensor o = movement_view(stacked), i = movement_view(input);
+      return group_->_allgather_base(o, i);
+    });
+  } else {
+    run("all_gather", [&] {
+      std::vector<std::vector<at::Tensor>> outputs(1);
+      for (int r = 0; r < size_; ++r) outputs[0].push_back(movement_view(stacked[r]));
+      std::vector<at::Tensor> inputs{movement_view(input)};
+      return group_->allgather(outputs, inputs);
+    });
+  }
+}
+
 torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes) {
   TORCH_CHECK(full.dim() > 0, "Comm::reduce_scatter on group '", name_, "': cannot scatter a 0-dim tensor");
   std::vector<int64_t> extents = sizes;
@@ -306,7 +344,7 @@ torch::Tensor Comm::reduce_scatter_shared_memory(const torch::Tensor& full, cons
   const int64_t row_numel = full.numel() / std::max<int64_t>(full.size(0), 1);
   const int64_t first_row = std::accumulate(extents.begin(), extents.begin() + rank_, int64_t{0});
   const bool low_precision = is_16bit_float(full);
-  const torch::Tensor buffer = low_precision ? full.to(torch::kFloat32) : full.contiguous();
+  const torch::Tensor buffer = full.contiguous();  // 16-bit: summed in fp32 by the transport, returned in fp32
   std::vector<int64_t> chunk_shape = full.sizes().vec();
   chunk_shape[0] = extents[rank_];
   torch::Tensor result;

@@ -189,7 +189,9 @@ torch::Tensor SharedMemoryTransport::reduce_scatter(const torch::Tensor& full, i
   const int64_t element = static_cast<int64_t>(full.element_size());
   const int64_t chunk = options_.slot_bytes / element;
   auto flat = full.view({-1});
-  auto result = torch::empty({length}, full.options());
+  // 16-bit floats travel as they are and are summed in fp32 (the result is fp32).
+  const bool widen = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
+  auto result = torch::empty({length}, widen ? full.options().dtype(torch::kFloat32) : full.options());
   for (int64_t offset = 0; offset < flat.numel(); offset += chunk) {
     const int64_t count = std::min(chunk, flat.numel() - offset);
     const int64_t set = exchange(flat.narrow(0, offset, count).data_ptr(), count * element);
@@ -200,8 +202,9 @@ torch::Tensor SharedMemoryTransport::reduce_scatter(const torch::Tensor& full, i
       return torch::from_blob(slot(set, r) + (lo - offset) * element, {hi - lo}, full.options());
     };
     auto out = result.narrow(0, lo - begin, hi - lo);
-    if (size_ == 1) {
+    if (size_ == 1 || widen) {
       out.copy_(member(0));
+      for (int r = 1; r < size_; ++r) out.add_(member(r));
       continue;
     }
     at::add_out(out, member(0), member(1));

@@ -58,6 +58,13 @@ std::vector<Preset> make_presets() {
                   llama_config("LlamaForCausalLM", 259, 96, 202, 2, 6, 2, true, "llama")});
   list.push_back({"llama-small", "Llama large enough that a step is compute-bound (hidden 512, 4 layers, GQA 8/4)",
                   llama_config("LlamaForCausalLM", 8000, 512, 1376, 4, 8, 4, false, "llama")});
+  list.push_back({"llama-100m",
+                  "Llama of 99.5 M parameters (hidden 768, 8 layers, GQA 12/4, vocab 32000): the memory scenario",
+                  llama_config("LlamaForCausalLM", 32000, 768, 2048, 8, 12, 4, false, "llama")});
+  list.push_back({"llama-1b-32k",
+                  "Llama of 1.03 B parameters with a 32 K vocabulary (hidden 2048, 20 layers, intermediate 5632, "
+                  "GQA 32/8): ZeRO-3 on one 24 GiB machine",
+                  llama_config("LlamaForCausalLM", 32000, 2048, 5632, 20, 32, 8, false, "llama")});
   // Llama-3.2-1B's shapes (its llama3 rope scaling left out: the shapes are what
   // GPU benchmarks need): 1.24 B parameters, vocab 128256, tied head.
   json llama_1b = llama_config("LlamaForCausalLM", 128256, 2048, 8192, 16, 32, 8, true, "llama");

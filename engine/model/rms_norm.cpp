@@ -18,14 +18,17 @@ class RmsNorm : public torch::autograd::Function<RmsNorm> {
     const torch::Tensor &x = saved[0], &weight = saved[1], &r = saved[2];
     const torch::Tensor& g = grad_outputs[0];
     auto x32 = x.to(torch::kFloat32);
-    auto normed = (x32 * r).to(x.scalar_type());
-    auto grad_weight = (g * normed).sum_to_size(weight.sizes());
-    auto grad_normed = (g * weight).to(torch::kFloat32);
-    auto grad_direct = grad_normed * r;                                    // through x32 * r
-    auto grad_r = (grad_normed * x32).sum(-1, true);                       // through r
-    auto grad_mean = -0.5 * grad_r * r.pow(3);                             // rsqrt
-    auto grad_squares = grad_mean.expand(x32.sizes()) / x32.size(-1);      // mean
-    auto grad_x = grad_direct + grad_squares * 2 * x32;                    // pow(2)
+    torch::Tensor grad_weight;
+    {
+      auto normed = (x32 * r).to(x.scalar_type());
+      grad_weight = (g * normed).sum_to_size(weight.sizes());
+    }
+    // Autograd's formulas, with at most two fp32 temporaries of the input's size
+    // alive at once (each product is rounded as autograd rounds it).
+    auto grad_x = (g * weight).to(torch::kFloat32);                          // through the cast
+    auto grad_mean = -0.5 * (grad_x * x32).sum(-1, true) * r.pow(3);          // through r, rsqrt
+    grad_x.mul_(r);                                                           // through x32 * r
+    grad_x.add_(x32 * ((grad_mean / x32.size(-1)) * 2));                      // mean, pow(2)
     return {grad_x.to(x.scalar_type()), grad_weight, torch::Tensor()};
   }
 };

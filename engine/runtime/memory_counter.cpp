@@ -13,6 +13,8 @@ namespace {
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<bool> g_installed{false};
+std::atomic<int64_t> g_tags[kMemoryTags];
+int64_t g_tags_at_peak[kMemoryTags];  // under g_mutex
 
 // LibTorch's raw_allocate needs the DataPtr's context to be the data pointer,
 // so sizes live in a side table instead of a wrapper context.
@@ -41,13 +43,12 @@ class CountingAllocator : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) override {
     void* data = c10::alloc_cpu(bytes);
-    {
-      std::lock_guard<std::mutex> lock(g_mutex);
-      sizes()[data] = static_cast<int64_t>(bytes);
-    }
-    int64_t now = g_current.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed) + bytes;
-    int64_t peak = g_peak.load(std::memory_order_relaxed);
-    while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    sizes()[data] = static_cast<int64_t>(bytes);
+    const int64_t now = g_current.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed) + bytes;
+    if (now > g_peak.load(std::memory_order_relaxed)) {
+      g_peak.store(now, std::memory_order_relaxed);
+      for (int t = 0; t < kMemoryTags; ++t) g_tags_at_peak[t] = g_tags[t].load(std::memory_order_relaxed);
     }
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
@@ -68,8 +69,21 @@ void install_memory_counter() {
 
 bool memory_counter_installed() { return g_installed.load(); }
 
-MemoryCounts memory_counts() { return {g_current.load(), g_peak.load()}; }
+MemoryCounts memory_counts() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  MemoryCounts counts{g_current.load(), g_peak.load()};
+  for (int t = 0; t < kMemoryTags; ++t) counts.tags_at_peak[t] = g_tags_at_peak[t];
+  return counts;
+}
 
-void reset_memory_peak() { g_peak.store(g_current.load()); }
+void reset_memory_peak() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_peak.store(g_current.load());
+  for (int t = 0; t < kMemoryTags; ++t) g_tags_at_peak[t] = g_tags[t].load();
+}
+
+void memory_tag_add(MemoryTag tag, int64_t bytes) {
+  g_tags[static_cast<int>(tag)].fetch_add(bytes, std::memory_order_relaxed);
+}
 
 }  // namespace autotp

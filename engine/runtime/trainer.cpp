@@ -27,7 +27,9 @@ nlohmann::json StepMetrics::to_json() const {
                                   {"device", memory_device},
                                   {"allocated_bytes", allocated_bytes},
                                   {"peak_allocated_bytes", peak_allocated_bytes},
-                                  {"activations_peak_bytes", activations_peak_bytes}}}};
+                                  {"activations_peak_bytes", activations_peak_bytes},
+                                  {"peak_gathered_params_bytes", peak_gathered_params_bytes},
+                                  {"peak_gradient_buckets_bytes", peak_gradient_buckets_bytes}}}};
   if (memory_device == "cuda") {
     j["memory"]["reserved_bytes"] = reserved_bytes;
     j["memory"]["peak_reserved_bytes"] = peak_reserved_bytes;
@@ -180,6 +182,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
     m.allocated_bytes = counts.current;
     m.peak_allocated_bytes = counts.peak;
     m.activations_peak_bytes = counts.peak - at_start;
+    m.peak_gathered_params_bytes = counts.tags_at_peak[static_cast<int>(MemoryTag::kGatheredParams)];
+    m.peak_gradient_buckets_bytes = counts.tags_at_peak[static_cast<int>(MemoryTag::kGradientBuckets)];
   }
   return m;
 }

@@ -6,6 +6,7 @@
 #include "autotp/optim/grad_norm.h"
 #include "autotp/runtime/error.h"
 #include "autotp/runtime/log.h"
+#include "autotp/runtime/memory_counter.h"
 #include "autotp/tp/parallel_layers.h"
 
 namespace autotp {
@@ -115,33 +116,35 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
   unit_params_.assign(layout_.units.size(), {});
   for (size_t i = 0; i < params.size(); ++i) unit_params_[layout_.unit_of[i]].push_back(i);
 
-  auto flat = torch::zeros({layout_.padded}, low_options());
-  for (size_t i = 0; i < params.size(); ++i)
-    flat.narrow(0, layout_.offsets[i], layout_.numels[i]).copy_(params[i].tensor.reshape({-1}));
   compute_norm_ranges();
-
   auto bind = [&](size_t i, const torch::Tensor& storage, int64_t offset) {
     const ShardSpec& spec = params[i].spec();
     params[i].tensor.set_data(storage.narrow(0, offset, layout_.numels[i]).view(spec.local_shape(tp_rank)));
   };
+  // The parameters move into the flat buffer (stages 0-2) or unit by unit into
+  // their unit buffers (stage 3: each freed once its slice is in the partition,
+  // so the whole model never exists twice).
+  auto fill = [&](const torch::Tensor& buffer, int64_t base, size_t i) {
+    buffer.narrow(0, layout_.offsets[i] - base, layout_.numels[i]).copy_(params[i].tensor.reshape({-1}));
+    bind(i, buffer, layout_.offsets[i] - base);
+  };
   if (stage_ == 3) {
     param_part_ = torch::empty({layout_.part}, low_options());
-    for (const auto& piece : pieces_)
-      param_part_.narrow(0, piece.part_begin, piece.length).copy_(flat.narrow(0, piece.flat_begin, piece.length));
     gathered_.assign(layout_.units.size(), 0);
     for (size_t u = 0; u < layout_.units.size(); ++u) {
       const FlatUnit& unit = layout_.units[u];
-      auto buffer = flat.narrow(0, unit.begin, unit.length).clone();
-      for (size_t i : unit_params_[u]) bind(i, buffer, layout_.offsets[i] - unit.begin);
+      auto buffer = torch::zeros({unit.length}, low_options());
+      for (size_t i : unit_params_[u]) fill(buffer, unit.begin, i);
+      const int64_t s = slice_of(static_cast<int>(u));
+      param_part_.narrow(0, unit.begin / layout_.dp, s).copy_(buffer.narrow(0, dp_rank * s, s));
       if (static_cast<int>(u) != layout_.whole_unit) free_storage(buffer);
       unit_buffers_.push_back(buffer);
     }
-    flat = torch::Tensor();
     if (mixed_) master_ = param_part_.to(torch::kFloat32);
   } else {
-    flat_params_ = flat;
-    for (size_t i = 0; i < params.size(); ++i) bind(i, flat, layout_.offsets[i]);
-    if (mixed_) master_ = master_partition().clone();  // fp32 copy ([padded] at stage 0)
+    flat_params_ = torch::zeros({layout_.padded}, low_options());
+    for (size_t i = 0; i < params.size(); ++i) fill(flat_params_, 0, i);
+    if (mixed_) master_ = master_partition();  // an fp32 copy ([padded] at stage 0)
   }
   if (mixed_ && master_.scalar_type() != torch::kFloat32) master_ = master_.to(torch::kFloat32);
   optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, layout_.part, model_.device());
@@ -180,8 +183,8 @@ void ZeroOptimizer::install_hooks() {
     hooks.after_forward = release;
     hooks.before_backward = acquire;
     hooks.after_backward = [this, release](int64_t use) {
+      release(use);  // first: the gathered unit and its gradients need not coexist
       for (int u : reduce_after_use_.at(use + 1)) reduce_unit_grads(u);
-      release(use);
     };
   } else {
     hooks.after_backward = [this](int64_t use) {
@@ -284,6 +287,10 @@ void ZeroOptimizer::all_gather_unit(const torch::Tensor& local, torch::Tensor un
     return;
   }
   const int64_t columns = std::clamp<int64_t>(gather_bucket_ / dp, 1, s);
+  if (columns == s && !local.storage().is_alias_of(unit_values.storage())) {
+    topo_.dp().all_gather_into(unit_values, local);  // one bucket: straight into the unit
+    return;
+  }
   auto grid = unit_values.view({dp, s});
   for (int64_t j = 0; j < s; j += columns) {
     const int64_t n = std::min(columns, s - j);
@@ -296,6 +303,7 @@ void ZeroOptimizer::acquire_unit(int unit) {
   if (unit == layout_.whole_unit || gathered_[unit]++ > 0) return;
   torch::NoGradGuard no_grad;
   const torch::Tensor& buffer = unit_buffers_[unit];
+  memory_tag_add(MemoryTag::kGatheredParams, static_cast<int64_t>(buffer.nbytes()));
   allocate_storage(buffer);
   const int64_t begin = layout_.units[unit].begin / layout_.dp;
   all_gather_unit(param_part_.narrow(0, begin, slice_of(unit)), buffer);
@@ -304,7 +312,10 @@ void ZeroOptimizer::acquire_unit(int unit) {
 void ZeroOptimizer::release_unit(int unit) {
   if (unit == layout_.whole_unit) return;
   TORCH_INTERNAL_ASSERT(gathered_[unit] > 0, "ZeroOptimizer: unit ", unit, " released more often than gathered");
-  if (--gathered_[unit] == 0) free_storage(unit_buffers_[unit]);
+  if (--gathered_[unit] == 0) {
+    free_storage(unit_buffers_[unit]);
+    memory_tag_add(MemoryTag::kGatheredParams, -static_cast<int64_t>(unit_buffers_[unit].nbytes()));
+  }
 }
 
 void ZeroOptimizer::release_pins() {
@@ -361,15 +372,30 @@ void ZeroOptimizer::reduce_unit_grads(int unit) {
   bool any = false;
   for (size_t i : unit_params_[unit]) any = any || params[i].tensor.grad().defined();
   if (!any) return;
-  auto buffer = torch::zeros({u.length}, low_options());
-  for (size_t i : unit_params_[unit]) {
-    torch::Tensor grad = params[i].tensor.mutable_grad();
-    if (!grad.defined()) continue;
-    sum_shared_slices(params[i].spec(), grad, topo_.tp());
-    buffer.narrow(0, layout_.offsets[i] - u.begin, layout_.numels[i]).copy_(grad.reshape({-1}));
-    params[i].tensor.mutable_grad().reset();
+  const int64_t bucket_bytes = u.length * static_cast<int64_t>(c10::elementSize(low_));
+  memory_tag_add(MemoryTag::kGradientBuckets, bucket_bytes);
+  torch::Tensor buffer;
+  const auto& members = unit_params_[unit];
+  torch::Tensor only = members.size() == 1 ? params[members[0]].tensor.grad() : torch::Tensor();
+  if (only.defined() && only.is_contiguous() && only.numel() == u.length && only.scalar_type() == low_) {
+    // A one-tensor unit without padding (an embedding, an LM head): its gradient is the bucket.
+    sum_shared_slices(params[members[0]].spec(), only, topo_.tp());
+    buffer = only.view({-1});
+    params[members[0]].tensor.mutable_grad().reset();
+  } else {
+    buffer = torch::zeros({u.length}, low_options());
+    for (size_t i : members) {
+      torch::Tensor grad = params[i].tensor.mutable_grad();
+      if (!grad.defined()) continue;
+      sum_shared_slices(params[i].spec(), grad, topo_.tp());
+      buffer.narrow(0, layout_.offsets[i] - u.begin, layout_.numels[i]).copy_(grad.reshape({-1}));
+      params[i].tensor.mutable_grad().reset();
+    }
   }
+  only = torch::Tensor();
   reduce_scatter_unit(buffer, grad_part_.narrow(0, u.begin / layout_.dp, slice_of(unit)), /*accumulate=*/true);
+  buffer = torch::Tensor();
+  memory_tag_add(MemoryTag::kGradientBuckets, -bucket_bytes);
 }
 
 void ZeroOptimizer::after_backward() {

@@ -37,7 +37,7 @@ void list_variants(const scenario::ScenarioSpec& spec) {
                              v.kind, v.config.tensor_parallel.autotp_size,
                              spec.world_size / v.config.tensor_parallel.autotp_size, v.config.zero.stage,
                              v.config.bf16 ? "bf16" : v.config.fp16.enabled ? "fp16" : "fp32",
-                             v.config.activation_checkpointing.enabled ? " +ac" : "",
+                             v.config.activation_checkpointing.enabled ? " +" + v.config.activation_checkpointing.mode : "",
                              v.config.train_micro_batch_size_per_gpu, v.config.gradient_accumulation_steps,
                              v.config.train_batch_size, v.is_baseline ? " [baseline]" : " vs " + v.baseline);
   for (const auto& s : spec.skipped) std::cout << fmt::format("  {:<20} skipped: {}\n", s.name, s.reason);

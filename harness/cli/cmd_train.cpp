@@ -119,7 +119,8 @@ void register_train(CLI::App& app) {
       // Every rank's memory goes into rank 0's line.
       auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
                                  m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
-                                 m.activations_peak_bytes, m.peak_reserved_bytes},
+                                 m.activations_peak_bytes, m.peak_reserved_bytes, m.peak_gathered_params_bytes,
+                                 m.peak_gradient_buckets_bytes},
                                 torch::kLong);
       auto all = topology->world().all_gather(mine.view({1, -1}), 0);
       if (topology->rank() != 0) continue;
@@ -137,7 +138,9 @@ void register_train(CLI::App& app) {
                          {"peak_rss_bytes", row[4].item<int64_t>()},
                          {"peak_allocated_bytes", row[5].item<int64_t>()},
                          {"activations_peak_bytes", row[6].item<int64_t>()},
-                         {"peak_reserved_bytes", row[7].item<int64_t>()}});
+                         {"peak_reserved_bytes", row[7].item<int64_t>()},
+                         {"peak_gathered_params_bytes", row[8].item<int64_t>()},
+                         {"peak_gradient_buckets_bytes", row[9].item<int64_t>()}});
       }
       line["memory"]["ranks"] = ranks;
       if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;

@@ -253,7 +253,7 @@ class Runner {
               {"micro_batch", v.config.train_micro_batch_size_per_gpu},
               {"gradient_accumulation_steps", v.config.gradient_accumulation_steps},
               {"train_batch_size", v.config.train_batch_size},
-              {"activation_checkpointing", v.config.activation_checkpointing.enabled}}},
+              {"activation_checkpointing", v.config.activation_checkpointing.mode}}},
             {"config", v.ds_config},
             {"status", "not_run"},
             {"error", ""}};
@@ -344,9 +344,13 @@ class Runner {
     const json& last = lines.back().at("memory");
     for (const auto& r : last.at("ranks")) {
       const int rank = r.at("rank").get<int>();
-      int64_t peak = 0, activations = 0, reserved = 0;
+      int64_t peak = 0, activations = 0, reserved = 0, gathered = 0, buckets = 0;
       for (const auto& line : lines) {
         const json& lr = line.at("memory").at("ranks").at(rank);
+        if (lr.value("peak_allocated_bytes", int64_t{0}) > peak) {  // the breakdown of the highest peak
+          gathered = lr.value("peak_gathered_params_bytes", int64_t{0});
+          buckets = lr.value("peak_gradient_buckets_bytes", int64_t{0});
+        }
         peak = std::max(peak, lr.value("peak_allocated_bytes", int64_t{0}));
         activations = std::max(activations, lr.value("activations_peak_bytes", int64_t{0}));
         reserved = std::max(reserved, lr.value("peak_reserved_bytes", int64_t{0}));
@@ -360,6 +364,8 @@ class Runner {
                        {"model_states", state_bytes(measured)},
                        {"analytic", state_bytes(analytic.at(rank))},
                        {"peak_allocated_bytes", peak},
+                       {"peak_gathered_params_bytes", gathered},
+                       {"peak_gradient_buckets_bytes", buckets},
                        {"activations_peak_bytes", activations},
                        {"peak_reserved_bytes", reserved},
                        {"peak_rss_bytes", r.value("peak_rss_bytes", int64_t{0})}});

@@ -159,7 +159,7 @@ struct Layout {
   int zero_stage = 3;
   std::string dtype = "fp32";
   int64_t micro_batch = 0;
-  bool activation_checkpointing = false;
+  std::string recompute = "off";  // activation_checkpointing: off | selective | full (true = full)
   json overrides = json::object();
   std::string model;
 };
@@ -173,7 +173,16 @@ Layout parse_layout(const Object& o, Layout layout, const std::map<std::string, 
   if (std::find(kDtypes.begin(), kDtypes.end(), layout.dtype) == kDtypes.end())
     o.fail("{} is \"{}\" (allowed: {})", o.path("dtype"), layout.dtype, fmt::join(kDtypes, ", "));
   layout.micro_batch = o.integer("micro_batch", layout.micro_batch, 1);
-  layout.activation_checkpointing = o.boolean("activation_checkpointing", layout.activation_checkpointing);
+  if (o.has("activation_checkpointing")) {
+    const json& ac = o.at("activation_checkpointing");
+    if (ac.is_boolean())
+      layout.recompute = ac.get<bool>() ? "full" : "off";
+    else if (ac.is_string() && (ac == "off" || ac == "selective" || ac == "full"))
+      layout.recompute = ac.get<std::string>();
+    else
+      o.fail("{} is {} (allowed: \"off\", \"selective\", \"full\", true = \"full\", false = \"off\")",
+             o.path("activation_checkpointing"), ac.dump());
+  }
   if (o.has("overrides")) layout.overrides = merged(layout.overrides, o.object("overrides"));
   if (o.has("model")) {
     layout.model = o.string("model", "");
@@ -200,14 +209,14 @@ json variant_config(const json& base, const Layout& layout) {
     // The global batch stays; accumulation follows from it.
     if (c.contains("train_batch_size")) c.erase("gradient_accumulation_steps");
   }
-  if (layout.activation_checkpointing) c["activation_checkpointing"]["enabled"] = true;
+  if (layout.recompute != "off") c["activation_checkpointing"]["mode"] = layout.recompute;
   return merged(c, layout.overrides);
 }
 
 std::string layout_summary(const Layout& l) {
   return fmt::format("tp {} ZeRO-{} {}{}{}", l.tp, l.zero_stage, l.dtype,
                      l.micro_batch ? fmt::format(" micro-batch {}", l.micro_batch) : "",
-                     l.activation_checkpointing ? " activation checkpointing" : "");
+                     l.recompute == "off" ? "" : " " + l.recompute + " recomputation");
 }
 
 class Expander {
@@ -225,7 +234,7 @@ class Expander {
     v.zero_stage = layout.zero_stage;
     v.dtype = layout.dtype;
     v.micro_batch = layout.micro_batch;
-    v.activation_checkpointing = layout.activation_checkpointing;
+    v.recompute = layout.recompute;
     v.overrides = layout.overrides;
     v.is_baseline = is_baseline;
     v.baseline = baseline;
@@ -270,7 +279,8 @@ std::string sweep_name(const Layout& l, const json& sweep) {
   std::string name = fmt::format("tp{}_z{}", l.tp, l.zero_stage);
   if (l.dtype != "fp32" || varies("dtype")) name += "_" + l.dtype;
   if (varies("micro_batch")) name += fmt::format("_mb{}", l.micro_batch);
-  if (l.activation_checkpointing) name += "_ac";
+  if (l.recompute == "full") name += "_ac";
+  if (l.recompute == "selective") name += "_sel";
   if (!l.model.empty()) name += "_" + l.model;
   return name;
 }
@@ -491,7 +501,7 @@ ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, con
         for (const auto& stage : axis("zero_stage", baseline.zero_stage))
           for (const auto& dtype : axis("dtype", baseline.dtype))
             for (const auto& micro : axis("micro_batch", baseline.micro_batch))
-              for (const auto& ac : axis("activation_checkpointing", baseline.activation_checkpointing)) {
+              for (const auto& ac : axis("activation_checkpointing", baseline.recompute)) {
                 json point = {{"tp", tp}, {"zero_stage", stage}, {"dtype", dtype}, {"micro_batch", micro},
                               {"activation_checkpointing", ac}, {"model", model}};
                 if (sweep.contains("overrides")) point["overrides"] = o.object("overrides");

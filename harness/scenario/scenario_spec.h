@@ -40,7 +40,7 @@ struct VariantSpec {
   int zero_stage = 3;
   std::string dtype = "fp32";      // fp32 | bf16 | fp16
   int64_t micro_batch = 0;         // train_micro_batch_size_per_gpu; 0 = derived from the base config
-  bool activation_checkpointing = false;
+  std::string recompute = "off";   // activation checkpointing: off | selective | full
   nlohmann::json overrides = nlohmann::json::object();  // merge patch on the variant's DeepSpeed config
   std::vector<std::string> simulate_args;               // kind simulate: arguments after `autotp simulate`
   bool is_baseline = false;

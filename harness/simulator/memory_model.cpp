@@ -34,10 +34,9 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     p.recomputed = p.per_layer;
     p.outer = BT * 8 + T * 8 + (2 * a * BTH + 8 * BT);  // token ids, positions, ln_f
   } else {
-    // RMSNorm in fp32: the fp32 input (the layer input itself in fp32), rsqrt, the
-    // normalized value, and the scaled output the next linears read (measured on
-    // the engine with LibTorch 2.11, memory counter around each layer).
-    const int64_t norm = 4 * BTH + 4 * BT + 2 * a * BTH;
+    // RMSNorm (rms_norm.h) keeps its input and the fp32 reciprocal RMS of each
+    // row; the linears after it keep its output.
+    const int64_t norm = 2 * a * BTH + 4 * BT;
     p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
                    attention_saved + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
     p.per_layer = p.recomputed;
@@ -118,25 +117,28 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   m.activations = activation_peak + data;
 
   // Forward / backward phase: the largest of the moments below, each the model
-  // states + what is alive then. Stage 3 holds the unit in use (a gather
-  // briefly holds it twice: the all-gather output before it is copied in);
-  // stages 2-3 reduce a unit when its backward ends, holding its parameter
-  // gradients, their contiguous copy and the reduce-scatter's receive buffer.
+  // states + what is alive then. Stage 3 holds the unit in use (gathered
+  // straight into its buffer); stages 2-3 reduce a unit when its backward ends.
   const bool sharded = stage == 3 && dp > 1;
   const bool reduces = stage >= 2;
   auto held = [&](int64_t n) { return sharded ? a * n : 0; };
-  auto reduction = [&](int64_t n) { return reduces ? 3 * a * n : 0; };
+  // A unit's reduction: its gradients, their contiguous copy (not for a
+  // one-tensor unit: its gradient is the bucket) and the reduced slice (fp32).
+  auto reduction = [&](int64_t n, bool one_tensor) {
+    return reduces ? (one_tensor ? 1 : 2) * a * n + 4 * n / dp : 0;
+  };
+  const bool embed_alone = (config.family != ModelFamily::kGpt2), head_alone = (config.family != ModelFamily::kGpt2) && layout.persistence_threshold > config.hidden_size;
   const int64_t head_moment = std::max(kept + p.head_forward, kept + p.head_backward) + held(head_use);
   const int64_t layer_moment = layer_peak + held(max_layer);
-  // A layer's gradients are reduced once its backward is done: its own activations are gone by then.
-  const int64_t layer_reduce = kept - (layout.recompute() ? p.layer_input : p.per_layer) + held(max_layer) +
-                               reduction(max_layer);
-  const int64_t head_reduce = config.tie_word_embeddings ? 0 : kept + held(head_use) + reduction(head);
-  const int64_t embed_reduce = p.outer + reduction(embed);  // the backward's end: the activations are gone
-  const int64_t gather_moment = kept + (sharded ? 2 * a * std::max({max_layer, head_use, embed}) : 0);
-  const int64_t fb = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce, gather_moment});
-  const int64_t transient_grads = reduces ? 3 * a * std::max({max_layer, head, embed}) : 0;
-  const int64_t gathered = sharded ? 2 * a * std::max({max_layer, head_use, embed}) : 0;
+  // A unit is released before its gradients are reduced, once its backward is
+  // done (a layer's own activations are gone by then).
+  const int64_t layer_reduce =
+      kept - (layout.recompute() ? p.layer_input : p.per_layer) + reduction(max_layer, false);
+  const int64_t head_reduce = config.tie_word_embeddings ? 0 : kept + reduction(head, head_alone);
+  const int64_t embed_reduce = p.outer + reduction(embed, embed_alone);  // the backward's end
+  const int64_t fb = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce});
+  const int64_t transient_grads = reduces ? reduction(std::max({max_layer, head, embed}), false) : 0;
+  const int64_t gathered = sharded ? a * std::max({max_layer, head_use, embed}) : 0;
   m.forward_backward_peak = m.states.total() + fb + data;
 
   // Optimizer phase: the norm's fp64 chunk, the update's fp32 chunk; stages 1-2

@@ -55,6 +55,10 @@ class Comm {
   // along dim (`sizes` gives every rank's size; empty = all equal to local's).
   torch::Tensor all_gather(const torch::Tensor& local, int64_t dim = 0,
                            const std::vector<int64_t>& sizes = {});
+  // all_gather of equal 1-D blocks straight into `out` (contiguous, size() x
+  // local.numel() elements; rank r's block at r * local.numel()), without the
+  // fresh result tensor. `local` must not lie inside `out`.
+  void all_gather_into(torch::Tensor& out, const torch::Tensor& local);
   // Sums `full` over ranks and returns this rank's chunk along dim 0 (`sizes`:
   // every rank's chunk length; empty = equal chunks). NCCL (CUDA tensors) runs
   // its reduce-scatter. Gloo's reduce_scatter is an all-reduce underneath, so on

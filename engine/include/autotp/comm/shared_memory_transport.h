@@ -51,7 +51,8 @@ class SharedMemoryTransport {
   // Reduce-scatter: every member passes the same-length contiguous `full`; the
   // result is the sum over members of full[begin, begin + length) (this member's
   // range; ranges may differ per member). Each member reads only its own range
-  // of the others' slots, summed in rank order.
+  // of the others' slots, summed in rank order. 16-bit floats travel as they
+  // are and are summed in fp32: the result is then fp32.
   torch::Tensor reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length);
   // All-gather of equal-length contiguous blocks: `out` (size x local.numel(),
   // contiguous) gets member r's block at r * local.numel().

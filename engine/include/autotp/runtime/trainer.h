@@ -43,6 +43,8 @@ struct StepMetrics {
   int64_t allocated_bytes = 0;             // live tensor bytes after the step
   int64_t peak_allocated_bytes = 0;        // peak during the step (everything: states, activations, buffers)
   int64_t activations_peak_bytes = 0;      // peak during the step minus what was live at its start
+  int64_t peak_gathered_params_bytes = 0;  // CPU: of the peak, ZeRO-3 units gathered at that moment
+  int64_t peak_gradient_buckets_bytes = 0; // CPU: of the peak, gradients in reduction buckets at that moment
   int64_t reserved_bytes = 0;              // GPU only: bytes the caching allocator holds after the step
   int64_t peak_reserved_bytes = 0;         // GPU only: their peak during the step
   nlohmann::json to_json() const;
