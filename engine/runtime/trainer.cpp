@@ -19,7 +19,11 @@ nlohmann::json StepMetrics::to_json() const {
                       {"tokens", tokens},
                       {"step_time_s", step_time_s},
                       {"tokens_per_s", tokens_per_s},
-                      {"time_breakdown", {{"forward_backward_s", forward_backward_s}, {"optimizer_s", optimizer_s}}},
+                      {"time_breakdown",
+                       {{"forward_backward_s", forward_backward_s},
+                        {"optimizer_s", optimizer_s},
+                        {"comm_forward_backward_s", comm_forward_backward_s},
+                        {"comm_optimizer_s", comm_optimizer_s}}},
                       {"host_cpu", {{"busy_s", host_cpu.busy_s}, {"steal_s", host_cpu.steal_s}}},
                       {"memory", {{"model_states", model_states.to_json()},
                                   {"model_states_analytic", model_states_analytic.to_json()},
@@ -109,6 +113,10 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   const bool cuda = device.is_cuda();
   // CUDA events on a GPU (its work is asynchronous), the host clock on CPU.
   StepClock clock(device);
+  auto comm_seconds = [this] {
+    return topology_->tp().stats().seconds + topology_->dp().stats().seconds + topology_->world().stats().seconds;
+  };
+  const double comm_at_start = comm_seconds();
   clock.mark();
   const HostCpuTimes cpu_at_start = host_cpu_times();
   reset_memory_peak();
@@ -138,6 +146,7 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
     optimizer_->after_backward();
   }
   clock.mark();
+  const double comm_after_backward = comm_seconds();
   // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
   const double lr = learning_rate(config_.scheduler, config_.optimizer.lr, applied_steps_);
   StepOutcome outcome = optimizer_->step(lr);
@@ -158,6 +167,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.tokens = static_cast<int64_t>(total_tokens);
   m.forward_backward_s = phases[0];
   m.optimizer_s = phases[1];
+  m.comm_forward_backward_s = comm_after_backward - comm_at_start;
+  m.comm_optimizer_s = comm_seconds() - comm_after_backward;
   m.step_time_s = m.forward_backward_s + m.optimizer_s;
   m.tokens_per_s = total_tokens / m.step_time_s;
   const HostCpuTimes cpu_at_end = host_cpu_times();

@@ -31,6 +31,9 @@ struct SimulateArgs {
   int gpus = 0;
   std::optional<int> tp, zero;
   int64_t micro_batch = 1, seq_len = 0, gas = 1, reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;
+  int64_t allgather_bucket_size = ZeroConfig{}.allgather_bucket_size;
+  int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
+  std::string recompute = "off";
   std::optional<double> inter_node_bw, host_steal;
   bool activation_checkpointing = false, json = false, sweep = false, overlap_comm = false, calibrate = false;
   WorldOptions world;
@@ -94,9 +97,12 @@ sim::SimLayout layout_from(const SimulateArgs& args) {
   l.seq_len = args.seq_len;
   l.gas = args.gas;
   l.dtype = parse_sim_dtype(args.dtype, "--dtype");
-  l.activation_checkpointing = args.activation_checkpointing;
+  l.activation_checkpointing = args.activation_checkpointing || args.recompute == "full";
+  l.selective_recompute = args.recompute == "selective";
   l.optimizer.type = args.optimizer;
   l.reduce_bucket_size = args.reduce_bucket_size;
+  l.allgather_bucket_size = args.allgather_bucket_size;
+  l.persistence_threshold = args.persistence_threshold;
   return l;
 }
 
@@ -338,7 +344,16 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--reduce-bucket-size", args->reduce_bucket_size,
                   "Elements per gradient reduction bucket (default 500000000, as the engine)")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--activation-checkpointing", args->activation_checkpointing, "Recompute every layer in the backward");
+  cmd->add_option("--allgather-bucket-size", args->allgather_bucket_size,
+                  "Elements per parameter all-gather bucket (default 500000000, as the engine)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--persistence-threshold", args->persistence_threshold,
+                  "ZeRO-3: tensors below this many elements stay whole (default 100000, as the engine; 0 = none)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--activation-checkpointing", args->activation_checkpointing,
+                "Recompute every layer in the backward (= --recompute full)");
+  cmd->add_option("--recompute", args->recompute, "Activation recomputation: off | selective | full (default off)")
+      ->check(CLI::IsMember({"off", "selective", "full"}));
   cmd->add_flag("--overlap-comm", args->overlap_comm,
                 "Model ZeRO communication hidden behind the backward (the engine does not overlap)");
   cmd->add_option("--inter-node-bw", args->inter_node_bw, "Per-GPU inter-node bandwidth in GB/s (multi-node)");
