@@ -338,6 +338,26 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
   return low_precision ? result.to(full.scalar_type()) : result;
 }
 
+void Comm::reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full) {
+  TORCH_CHECK(out.is_contiguous() && out.numel() * size_ == full.numel() && out.scalar_type() == full.scalar_type(),
+              "Comm::reduce_scatter_into on group '", name_, "': ", out.numel(), " output elements for ",
+              full.numel(), " over ", size_, " ranks");
+  torch::NoGradGuard no_grad;
+  if (size_ > 1 && shm_ && !full.is_cuda() && !is_16bit_float(full)) {
+    stats_.reduce_scatter_calls += 1;
+    stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
+    Stopwatch timed(stats_.seconds);
+    try {
+      shm_->reduce_scatter(full.contiguous().view({-1}), rank_ * out.numel(), out.numel(), out);
+    } catch (const std::exception& error) {
+      fail("reduce_scatter", error);
+    }
+    return;
+  }
+  auto chunk = reduce_scatter(full.reshape({size_, -1})).view({-1});
+  if (chunk.data_ptr() != out.data_ptr()) out.view({-1}).copy_(chunk);
+}
+
 // Each rank sums only its own rows of every member's copy, in rank order (in
 // fp32 for 16-bit types, as the Gloo path does).
 torch::Tensor Comm::reduce_scatter_shared_memory(const torch::Tensor& full, const std::vector<int64_t>& extents) {

@@ -172,16 +172,24 @@ void SharedMemoryTransport::wait_for_all(int64_t generation) {
   }
 }
 
-int64_t SharedMemoryTransport::exchange(const void* data, int64_t bytes) {
+int64_t SharedMemoryTransport::exchange(const void* data, int64_t bytes) { return exchange(data, bytes, 0, 0); }
+
+int64_t SharedMemoryTransport::exchange(const void* data, int64_t bytes, int64_t skip_begin, int64_t skip_end) {
   const int64_t generation = ++generation_;
   const int64_t set = generation % 2;
-  if (bytes > 0) std::memcpy(slot(set, rank_), data, static_cast<size_t>(bytes));
+  skip_begin = std::clamp<int64_t>(skip_begin, 0, bytes);
+  skip_end = std::clamp<int64_t>(skip_end, skip_begin, bytes);
+  auto* to = slot(set, rank_);
+  const auto* from = static_cast<const uint8_t*>(data);
+  if (skip_begin > 0) std::memcpy(to, from, static_cast<size_t>(skip_begin));
+  if (bytes > skip_end) std::memcpy(to + skip_end, from + skip_end, static_cast<size_t>(bytes - skip_end));
   counters(mapping_)[rank_].generation.store(generation, std::memory_order_release);
   wait_for_all(generation);
   return set;
 }
 
-torch::Tensor SharedMemoryTransport::reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length) {
+torch::Tensor SharedMemoryTransport::reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length,
+                                                    torch::Tensor out_given) {
   TORCH_CHECK(full.is_contiguous() && begin >= 0 && length >= 0 && begin + length <= full.numel(),
               "SharedMemoryTransport::reduce_scatter: range [", begin, ", ", begin + length, ") of a ",
               full.numel(), "-element tensor");
@@ -191,14 +199,21 @@ torch::Tensor SharedMemoryTransport::reduce_scatter(const torch::Tensor& full, i
   auto flat = full.view({-1});
   // 16-bit floats travel as they are and are summed in fp32 (the result is fp32).
   const bool widen = full.scalar_type() == torch::kBFloat16 || full.scalar_type() == torch::kFloat16;
-  auto result = torch::empty({length}, widen ? full.options().dtype(torch::kFloat32) : full.options());
+  const auto result_options = widen ? full.options().dtype(torch::kFloat32) : full.options();
+  TORCH_CHECK(!out_given.defined() || (out_given.is_contiguous() && out_given.numel() == length &&
+                                       out_given.scalar_type() == result_options.dtype().toScalarType()),
+              "SharedMemoryTransport::reduce_scatter: the output must be ", length, " contiguous elements");
+  auto result = out_given.defined() ? out_given.view({-1}) : torch::empty({length}, result_options);
   for (int64_t offset = 0; offset < flat.numel(); offset += chunk) {
     const int64_t count = std::min(chunk, flat.numel() - offset);
-    const int64_t set = exchange(flat.narrow(0, offset, count).data_ptr(), count * element);
-    // This member's range within the chunk, read from every member in rank order.
+    // This member's range within the chunk: nobody else reads it, so it is not
+    // copied out; it is summed with every other member's copy in rank order.
     const int64_t lo = std::max(offset, begin), hi = std::min(offset + count, begin + length);
+    const int64_t set = exchange(flat.narrow(0, offset, count).data_ptr(), count * element,
+                                 lo < hi ? (lo - offset) * element : 0, lo < hi ? (hi - offset) * element : 0);
     if (lo >= hi) continue;
     auto member = [&](int r) {
+      if (r == rank_) return flat.narrow(0, lo, hi - lo);
       return torch::from_blob(slot(set, r) + (lo - offset) * element, {hi - lo}, full.options());
     };
     auto out = result.narrow(0, lo - begin, hi - lo);

@@ -37,10 +37,14 @@ class Collective {
       : op_(std::move(op)), impl_(std::move(impl)), comm_(comm), raw_(std::move(raw)), rank_(rank), size_(size),
         count_(count) {
     const int64_t chunk = count_ / size_;
+    // comm: the gathered or reduced result lands in a buffer allocated once
+    // (all_gather_into / reduce_scatter_into), as ZeRO's units use them.
     if (op_ == "all_gather") {
       input_ = torch::empty({chunk});
+      output_ = torch::empty({chunk * size_});
     } else {
       input_ = torch::empty({count_});
+      if (op_ == "reduce_scatter") output_ = torch::empty({chunk});
     }
     input_.fill_(1.0f);
   }
@@ -88,8 +92,14 @@ class Collective {
         comm_->all_reduce(input);
         return input;
       }
-      if (op_ == "all_gather") return comm_->all_gather(input, 0);
-      if (op_ == "reduce_scatter") return comm_->reduce_scatter(input);
+      if (op_ == "all_gather") {
+        comm_->all_gather_into(output_, input);
+        return output_;
+      }
+      if (op_ == "reduce_scatter") {
+        comm_->reduce_scatter_into(output_, input);
+        return output_;
+      }
       comm_->broadcast(input, 0);
       return input;
     }
@@ -125,7 +135,7 @@ class Collective {
   c10::intrusive_ptr<c10d::ProcessGroup> raw_;
   int rank_, size_;
   int64_t count_;
-  torch::Tensor input_;
+  torch::Tensor input_, output_;
 };
 
 // Max over ranks of a double (times: a collective ends when its slowest rank does).

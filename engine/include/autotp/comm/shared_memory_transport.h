@@ -53,7 +53,9 @@ class SharedMemoryTransport {
   // range; ranges may differ per member). Each member reads only its own range
   // of the others' slots, summed in rank order. 16-bit floats travel as they
   // are and are summed in fp32: the result is then fp32.
-  torch::Tensor reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length);
+  // `out` (optional, [length], contiguous, of the result's dtype) receives the result in place of a fresh tensor.
+  torch::Tensor reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length,
+                               torch::Tensor out = torch::Tensor());
   // All-gather of equal-length contiguous blocks: `out` (size x local.numel(),
   // contiguous) gets member r's block at r * local.numel().
   void all_gather(const torch::Tensor& local, torch::Tensor& out);
@@ -67,6 +69,8 @@ class SharedMemoryTransport {
   // Publishes `bytes` of `data` in this member's slot of a new generation and
   // waits for every member's; returns the slot set to read.
   int64_t exchange(const void* data, int64_t bytes);
+  // The same, leaving bytes [skip_begin, skip_end) of this member's slot unwritten (nobody reads them).
+  int64_t exchange(const void* data, int64_t bytes, int64_t skip_begin, int64_t skip_end);
   uint8_t* slot(int64_t set, int member) const;
 
   int rank_ = 0, size_ = 1;
