@@ -342,7 +342,10 @@ void Comm::reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full) {
   TORCH_CHECK(out.is_contiguous() && out.numel() * size_ == full.numel() && out.scalar_type() == full.scalar_type(),
               "Comm::reduce_scatter_into on group '", name_, "': ", out.numel(), " output elements for ",
               full.numel(), " over ", size_, " ranks");
+  TORCH_CHECK(!out.storage().is_alias_of(full.storage()), "Comm::reduce_scatter_into on group '", name_,
+              "': the output lies inside the input");
   torch::NoGradGuard no_grad;
+  if (full.numel() == 0) return;
   if (size_ > 1 && shm_ && !full.is_cuda() && !is_16bit_float(full)) {
     stats_.reduce_scatter_calls += 1;
     stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());

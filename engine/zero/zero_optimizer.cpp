@@ -300,13 +300,35 @@ void ZeroOptimizer::all_gather_unit(const torch::Tensor& local, torch::Tensor un
 }
 
 void ZeroOptimizer::acquire_unit(int unit) {
-  if (unit == layout_.whole_unit || gathered_[unit]++ > 0) return;
+  if (unit == layout_.whole_unit) return;
+  if (gathered_[unit] > 0) {
+    ++gathered_[unit];
+    return;
+  }
   torch::NoGradGuard no_grad;
   const torch::Tensor& buffer = unit_buffers_[unit];
-  memory_tag_add(MemoryTag::kGatheredParams, static_cast<int64_t>(buffer.nbytes()));
   allocate_storage(buffer);
-  const int64_t begin = layout_.units[unit].begin / layout_.dp;
-  all_gather_unit(param_part_.narrow(0, begin, slice_of(unit)), buffer);
+  try {
+    const int64_t begin = layout_.units[unit].begin / layout_.dp;
+    all_gather_unit(param_part_.narrow(0, begin, slice_of(unit)), buffer);
+  } catch (...) {
+    free_storage(buffer);  // not counted as gathered: the next use gathers again
+    throw;
+  }
+  memory_tag_add(MemoryTag::kGatheredParams, static_cast<int64_t>(buffer.nbytes()));
+  gathered_[unit] = 1;
+}
+
+void ZeroOptimizer::release_stale_units() {
+  // A use whose release never ran (an exception inside it, or a backward that
+  // acquired a unit without reaching the use's input) must not keep its unit,
+  // with weights of an earlier step, beyond the backward.
+  if (pinned_) return;
+  for (size_t u = 0; u < gathered_.size(); ++u) {
+    if (gathered_[u] == 0 || static_cast<int>(u) == layout_.whole_unit) continue;
+    gathered_[u] = 1;
+    release_unit(static_cast<int>(u));
+  }
 }
 
 void ZeroOptimizer::release_unit(int unit) {
@@ -335,6 +357,7 @@ void ZeroOptimizer::gather_all_params() {
 void ZeroOptimizer::begin_step() {
   torch::NoGradGuard no_grad;
   release_pins();
+  if (stage_ == 3) release_stale_units();
   auto& params = model_.parameters();
   if (stage_ <= 1) {
     if (!flat_grads_.defined()) {
@@ -410,6 +433,7 @@ void ZeroOptimizer::after_backward() {
     flat_grads_.zero_();
     return;
   }
+  if (stage_ == 3) release_stale_units();
   // Units whose backward has no hook (embeddings, persistent tensors, a tied
   // head), and any gradient that arrived after its unit was reduced.
   auto& params = model_.parameters();

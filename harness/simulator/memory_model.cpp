@@ -127,7 +127,9 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   auto reduction = [&](int64_t n, bool one_tensor) {
     return reduces ? (one_tensor ? 1 : 2) * a * n + 4 * n / dp : 0;
   };
-  const bool embed_alone = (config.family != ModelFamily::kGpt2), head_alone = (config.family != ModelFamily::kGpt2) && layout.persistence_threshold > config.hidden_size;
+  const bool embed_alone = config.family != ModelFamily::kGpt2;
+  const bool head_alone =
+      stage == 3 && config.family != ModelFamily::kGpt2 && layout.persistence_threshold > config.hidden_size;
   const int64_t head_moment = std::max(kept + p.head_forward, kept + p.head_backward) + held(head_use);
   const int64_t layer_moment = layer_peak + held(max_layer);
   // A unit is released before its gradients are reduced, once its backward is

@@ -67,8 +67,8 @@ class Comm {
   // over shared memory each rank sums only its own rows of every member's copy.
   torch::Tensor reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
   // The same with equal chunks, this rank's chunk written into `out` (contiguous,
-  // full.numel() / size() elements of full's dtype); over shared memory without
-  // any temporary (16-bit floats excepted).
+  // full.numel() / size() elements of full's dtype, not inside `full`); over
+  // shared memory without any temporary (16-bit floats excepted).
   void reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full);
   void barrier();
 

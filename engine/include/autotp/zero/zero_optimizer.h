@@ -130,6 +130,7 @@ class ZeroOptimizer {
   void acquire_unit(int unit);  // stage 3: gather (counted)
   void release_unit(int unit);
   void release_pins();
+  void release_stale_units();  // stage 3: frees units still held outside a use
   void install_hooks();
   // After the partition changed: low-precision copies and the other dp ranks' views follow.
   void redistribute_params();
