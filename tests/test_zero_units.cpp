@@ -35,10 +35,12 @@ TEST(FlatLayout, EveryUnitIsCutOverEveryRank) {
   EXPECT_EQ(pieces[1].part_begin, 4);
   EXPECT_EQ(pieces[2].flat_begin, 13);
   EXPECT_EQ(pieces[2].part_begin, 6);
-  EXPECT_EQ(l.home(9).dp_rank, 0);
-  EXPECT_EQ(l.home(9).part_index, 5);
-  EXPECT_EQ(l.home(13).dp_rank, 1);
-  EXPECT_EQ(l.home(13).part_index, 6);
+  // Rank 0: flat [8, 10) of unit 1 is its partition [4, 6) (flat 9 -> 5).
+  const auto first = l.pieces(0);
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[1].flat_begin, 8);
+  EXPECT_EQ(first[1].part_begin, 4);
+  EXPECT_EQ(first[1].length, 2);
   // Gathering parameter 1 (flat [3, 8)): rank 0 holds 1 element of it, rank 1 four.
   EXPECT_EQ(l.range_shares(3, 8), (std::vector<int64_t>{1, 4}));
   // Stage 0: one piece, the whole buffer; no unit ids: one unit (checkpoint format 1).

@@ -180,6 +180,34 @@ void Comm::broadcast(torch::Tensor& tensor, int root) {
   if (!tensor.is_contiguous()) tensor.copy_(buffer.view(tensor.scalar_type()));
 }
 
+// Every rank's equal block `input` into row r of `stacked` ([size, ...], contiguous):
+// shared memory, NCCL's single-buffer gather, or Gloo's list of blocks.
+void Comm::gather_blocks(const torch::Tensor& input, torch::Tensor& stacked, bool settle) {
+  if (shm_ && !input.is_cuda()) {
+    try {
+      shm_->all_gather(input, stacked);
+    } catch (const std::exception& error) {
+      fail("all_gather", error);
+    }
+  } else if (on_nccl(input)) {
+    // NCCL gathers into one buffer; its work is ordered on the stream, nothing to settle.
+    run("all_gather", [&] {
+      at::Tensor out = movement_view(stacked), in = movement_view(input);
+      return group_->_allgather_base(out, in);
+    });
+  } else {
+    run(
+        "all_gather",
+        [&] {
+          std::vector<std::vector<at::Tensor>> outputs(1);
+          for (int r = 0; r < size_; ++r) outputs[0].push_back(movement_view(stacked[r]));
+          std::vector<at::Tensor> inputs{movement_view(input)};
+          return group_->allgather(outputs, inputs);
+        },
+        settle);
+  }
+}
+
 torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) {
   TORCH_CHECK(local.dim() > 0, "Comm::all_gather on group '", name_, "': cannot gather a 0-dim tensor");
   dim = c10::maybe_wrap_dim(dim, local.dim());
@@ -219,29 +247,7 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
   stacked_shape.insert(stacked_shape.begin(), size_);
   torch::Tensor stacked = torch::empty(stacked_shape, local.options());
   const bool even = std::all_of(extents.begin(), extents.end(), [&](int64_t e) { return e == max_extent; });
-  if (shm_ && !local.is_cuda()) {
-    try {
-      shm_->all_gather(input, stacked);
-    } catch (const std::exception& error) {
-      fail("all_gather", error);
-    }
-  } else if (on_nccl(local)) {
-    // NCCL gathers into one buffer; its work is ordered on the stream, nothing to settle.
-    run("all_gather", [&] {
-      at::Tensor out = movement_view(stacked), in = movement_view(input);
-      return group_->_allgather_base(out, in);
-    });
-  } else {
-    run(
-      "all_gather",
-      [&] {
-        std::vector<std::vector<at::Tensor>> outputs(1);
-        for (int r = 0; r < size_; ++r) outputs[0].push_back(movement_view(stacked[r]));
-        std::vector<at::Tensor> inputs{movement_view(input)};
-        return group_->allgather(outputs, inputs);
-      },
-        /*settle=*/!(dim == 0 && even));
-  }
+  gather_blocks(input, stacked, /*settle=*/!(dim == 0 && even));
   if (dim == 0 && even) return stacked.view(gathered_shape);
   std::vector<torch::Tensor> blocks;
   blocks.reserve(size_);
@@ -266,25 +272,7 @@ void Comm::all_gather_into(torch::Tensor& out, const torch::Tensor& local) {
   stats_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
   if (local.numel() == 0) return;
   Stopwatch timed(stats_.seconds);
-  if (shm_ && !local.is_cuda()) {
-    try {
-      shm_->all_gather(input, stacked);
-    } catch (const std::exception& error) {
-      fail("all_gather", error);
-    }
-  } else if (on_nccl(local)) {
-    run("all_gather", [&] {
-      at::Tensor o = movement_view(stacked), i = movement_view(input);
-      return group_->_allgather_base(o, i);
-    });
-  } else {
-    run("all_gather", [&] {
-      std::vector<std::vector<at::Tensor>> outputs(1);
-      for (int r = 0; r < size_; ++r) outputs[0].push_back(movement_view(stacked[r]));
-      std::vector<at::Tensor> inputs{movement_view(input)};
-      return group_->allgather(outputs, inputs);
-    });
-  }
+  gather_blocks(input, stacked, /*settle=*/false);
 }
 
 torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes) {

@@ -66,12 +66,6 @@ int FlatLayout::unit_at(int64_t flat) const {
   return static_cast<int>(it - units.begin());
 }
 
-FlatLayout::Home FlatLayout::home(int64_t flat) const {
-  const FlatUnit& u = units[unit_at(flat)];
-  const int64_t s = u.length / dp;
-  return {static_cast<int>((flat - u.begin) / s), u.begin / dp + (flat - u.begin) % s};
-}
-
 std::vector<int64_t> FlatLayout::range_shares(int64_t begin, int64_t end) const {
   std::vector<int64_t> shares(dp, 0);
   if (end <= begin) return shares;

@@ -254,10 +254,19 @@ torch::Tensor ZeroOptimizer::master_partition() const {
   if (mixed_ && master_.defined()) return master_;
   const torch::Tensor& values = stage_ == 3 ? param_part_ : flat_params_;
   if (stage_ == 0 || stage_ == 3) return values.to(torch::kFloat32);
-  auto out = torch::empty({layout_.part}, values.options().dtype(torch::kFloat32));
+  return partition_copy(values, torch::kFloat32);
+}
+
+torch::Tensor ZeroOptimizer::partition_copy(const torch::Tensor& flat, torch::ScalarType dtype) const {
+  auto out = torch::empty({layout_.part}, flat.options().dtype(dtype));
   for (const auto& piece : pieces_)
-    out.narrow(0, piece.part_begin, piece.length).copy_(values.narrow(0, piece.flat_begin, piece.length));
+    out.narrow(0, piece.part_begin, piece.length).copy_(flat.narrow(0, piece.flat_begin, piece.length));
   return out;
+}
+
+void ZeroOptimizer::write_partition(const torch::Tensor& part, torch::Tensor& flat) const {
+  for (const auto& piece : pieces_)
+    flat.narrow(0, piece.flat_begin, piece.length).copy_(part.narrow(0, piece.part_begin, piece.length));
 }
 
 void ZeroOptimizer::reduce_scatter_unit(const torch::Tensor& unit_values, torch::Tensor out, bool accumulate) {
@@ -533,9 +542,7 @@ void ZeroOptimizer::redistribute_params() {
                       unit_buffers_[whole]);
     return;
   }
-  if (mixed_)
-    for (const auto& piece : pieces_)
-      flat_params_.narrow(0, piece.flat_begin, piece.length).copy_(master_.narrow(0, piece.part_begin, piece.length));
+  if (mixed_) write_partition(master_, flat_params_);
   if (stage_ == 0 || topo_.dp_size() == 1) return;
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const FlatUnit& unit = layout_.units[u];
@@ -546,14 +553,10 @@ void ZeroOptimizer::redistribute_params() {
 
 PartitionState ZeroOptimizer::partition_state() const {
   PartitionState state;
-  if (stage_ == 3 || stage_ == 0) {
+  if (stage_ == 3 || stage_ == 0)
     state.params = stage_ == 3 ? param_part_ : flat_params_;
-  } else {
-    state.params = torch::empty({layout_.part}, flat_params_.options());
-    for (const auto& piece : pieces_)
-      state.params.narrow(0, piece.part_begin, piece.length)
-          .copy_(flat_params_.narrow(0, piece.flat_begin, piece.length));
-  }
+  else
+    state.params = partition_copy(flat_params_, low_);
   if (mixed_) state.master_weights = master_;
   state.optimizer = optimizer_->state();
   state.optimizer_steps = optimizer_->steps();
@@ -568,12 +571,10 @@ void ZeroOptimizer::load_partition_state(const torch::Tensor& master,
               "ZeroOptimizer::load_partition_state: master has ", master.numel(), " ", master.scalar_type(),
               " elements, the partition ", layout_.part, " float");
   if (mixed_) master_.copy_(master);
-  if (stage_ == 3) {
+  if (stage_ == 3)
     param_part_.copy_(master);
-  } else {
-    for (const auto& piece : pieces_)
-      flat_params_.narrow(0, piece.flat_begin, piece.length).copy_(master.narrow(0, piece.part_begin, piece.length));
-  }
+  else
+    write_partition(master, flat_params_);
   for (auto& [name, tensor] : optimizer_->state()) {
     auto found = optimizer.find(name);
     TORCH_CHECK(found != optimizer.end(), "ZeroOptimizer::load_partition_state: no optimizer state '", name, "'");

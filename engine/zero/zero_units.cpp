@@ -1,5 +1,7 @@
 #include "autotp/zero/zero_units.h"
 
+#include <c10/util/accumulate.h>
+
 #include <regex>
 
 namespace autotp {
@@ -11,15 +13,20 @@ int64_t decoder_layer_of(const std::string& name) {
   return std::stoll(match[3].str());
 }
 
-std::vector<int> zero_unit_ids(const TpPlan& plan, int stage, int64_t persistence_threshold) {
+namespace {
+ZeroUnits plan_units(const TpPlan& plan) {
   int64_t layers = 0;
   for (const auto& e : plan.entries()) layers = std::max(layers, decoder_layer_of(e.desc.name) + 1);
-  const ZeroUnits units{layers};
+  return ZeroUnits{layers};
+}
+}  // namespace
+
+std::vector<int> zero_unit_ids(const TpPlan& plan, int stage, int64_t persistence_threshold) {
+  const ZeroUnits units = plan_units(plan);
   std::vector<int> ids;
   ids.reserve(plan.entries().size());
   for (const auto& e : plan.entries()) {
-    int64_t numel = 1;
-    for (int64_t d : e.desc.shape) numel *= d;
+    const int64_t numel = c10::multiply_integers(e.desc.shape);
     const int64_t layer = decoder_layer_of(e.desc.name);
     if (stage == 3 && numel < persistence_threshold)
       ids.push_back(units.persistent());
@@ -38,10 +45,8 @@ FlatLayout zero_layout(const TpPlan& plan, int tp_rank, int dp, int stage, int64
   for (const auto& e : plan.entries()) specs.push_back(&e.spec);
   const std::vector<int> ids = zero_unit_ids(plan, stage, persistence_threshold);
   FlatLayout layout = FlatLayout::build(specs, ids, tp_rank, dp, stage);
-  int64_t layers = 0;
-  for (const auto& e : plan.entries()) layers = std::max(layers, decoder_layer_of(e.desc.name) + 1);
-  if (stage == 3 && ZeroUnits{layers}.persistent() < static_cast<int>(layout.units.size()))
-    layout.whole_unit = ZeroUnits{layers}.persistent();
+  const int persistent = plan_units(plan).persistent();
+  if (stage == 3 && persistent < static_cast<int>(layout.units.size())) layout.whole_unit = persistent;
   return layout;
 }
 

@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "autotp/model/causal_lm.h"
+#include "autotp/zero/zero_units.h"
 
 namespace autotp::sim {
 
@@ -19,9 +20,7 @@ TpPlan build_plan(const ModelConfig& config, int tp) {
 }
 
 RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank) {
-  // The same layer-name rule the ZeRO-3 optimizer groups parameters by.
   static const std::regex layer_name(R"(\.(layers|h)\.([0-9]+)\.(.*)\.weight$)");
-  static const std::regex any_layer(R"(\.(layers|h)\.([0-9]+)\.)");
   RankShape s;
   s.tp = plan.tp_size();
   s.tp_rank = tp_rank;
@@ -36,8 +35,7 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
     s.local_numel += n;
     ++s.tensors;
     std::smatch match;
-    if (std::regex_search(e.desc.name, match, any_layer)) {
-      const int64_t layer = std::stoll(match[2].str());
+    if (const int64_t layer = decoder_layer_of(e.desc.name); layer >= 0) {  // the ZeRO units' rule
       s.layer_numel[layer] += n;
       FlatRange& span = s.layer_ranges[layer];  // first member's start to last member's end, as ZeRO-3 gathers
       if (span.begin < 0) span.begin = range.begin;

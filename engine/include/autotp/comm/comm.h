@@ -90,6 +90,8 @@ class Comm {
   void run(const char* op, Start&& start, bool settle = false);
   [[noreturn]] void fail(const char* op, const std::exception& error) const;
   void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
+  // Both all-gathers: `input` (this rank's block) into row r of `stacked` on every rank.
+  void gather_blocks(const torch::Tensor& input, torch::Tensor& stacked, bool settle);
   torch::Tensor reduce_scatter_nccl(const torch::Tensor& full, const std::vector<int64_t>& extents);
   torch::Tensor reduce_scatter_shared_memory(const torch::Tensor& full, const std::vector<int64_t>& extents);
   // True when `tensor`'s collectives run on NCCL (a CUDA tensor in an NCCL group).

@@ -46,12 +46,6 @@ struct FlatLayout {
                           int dp, int stage);
   // The stretches of dp rank `dp_rank`'s partition, in partition order (stage 0: the whole buffer).
   std::vector<PartitionPiece> pieces(int dp_rank) const;
-  // Where flat element `flat` lives at stage >= 1: its owner and its index in the owner's partition.
-  struct Home {
-    int dp_rank = 0;
-    int64_t part_index = 0;
-  };
-  Home home(int64_t flat) const;
   // Elements of the span [begin, end) (inside one unit) in each dp rank's
   // partition (stage >= 1): what each rank contributes when the span is gathered.
   std::vector<int64_t> range_shares(int64_t begin, int64_t end) const;

@@ -120,6 +120,9 @@ class ZeroOptimizer {
   torch::Tensor grads_at(int64_t begin, int64_t length) const;
   torch::Tensor master_at(int64_t begin, int64_t length) const;
   torch::Tensor master_partition() const;  // [part] fp32 (a copy where not contiguous)
+  // This rank's pieces of a flat-buffer-sized tensor as one [part] tensor of `dtype`, and back.
+  torch::Tensor partition_copy(const torch::Tensor& flat, torch::ScalarType dtype) const;
+  void write_partition(const torch::Tensor& part, torch::Tensor& flat) const;
   // Reduce-scatters a unit-sized tensor over dp in buckets of reduce_bucket_size
   // and adds (or copies) this rank's slice into `out`.
   void reduce_scatter_unit(const torch::Tensor& unit_values, torch::Tensor out, bool accumulate);
