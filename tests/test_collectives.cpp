@@ -190,6 +190,95 @@ AUTOTP_WORKER(reduce_scatter) {
   }
 }
 
+// Started collectives: several in flight on the lane, a synchronous one issued
+// behind them (it must wait for them: the group's order), closed-form results,
+// the in-place gather of this rank's own block, and the counters.
+AUTOTP_WORKER(started_collectives) {
+  Comm& comm = world_comm(ctx);
+  const int r = comm.rank(), w = comm.size();
+  const int64_t n = 5;  // elements of each rank's chunk / block
+  auto summed = [&](int64_t rows, int64_t cols) {
+    return scaled_arange(0, {rows, cols}) * static_cast<float>(sum_of_ranks_plus_one(w));
+  };
+  // Reduce-scatter of a contiguous fp32 tensor, of a column view (copied when it runs), and of bf16.
+  auto full = scaled_arange(r, {w * n});
+  auto wide = scaled_arange(r, {w, 2 * n});
+  auto half = scaled_arange(r, {w * n}).to(torch::kBFloat16);
+  auto chunk = torch::empty({n}), column_chunk = torch::empty({n}), half_chunk = torch::empty({n}, torch::kBFloat16);
+  auto a = comm.start_reduce_scatter_into(chunk, full);
+  auto b = comm.start_reduce_scatter_into(column_chunk, wide.narrow(1, n, n));
+  auto c = comm.start_reduce_scatter_into(half_chunk, half);
+  // Gathers: into a separate output, and in place from this rank's own block.
+  auto gathered = torch::empty({w * n});
+  auto d = comm.start_all_gather_into(gathered, rank_block(r, 1, n).view({-1}));
+  auto in_place = torch::zeros({w, n});
+  in_place[r].copy_(rank_block(r, 1, n).view({-1}));
+  auto e = comm.start_all_gather_into(in_place.view({-1}), in_place[r]);
+  // Synchronous, behind the started ones.
+  auto total = torch::full({3}, static_cast<float>(r + 1));
+  comm.all_reduce(total);
+  worker_expect_equal(total, torch::full({3}, static_cast<float>(sum_of_ranks_plus_one(w))), "all_reduce behind");
+  for (auto* work : {&a, &b, &c, &d, &e}) work->wait();
+  a.wait();  // a second wait does nothing
+  worker_expect_equal(chunk, summed(w, n)[r], "started reduce_scatter");
+  worker_expect_equal(column_chunk, summed(w, 2 * n)[r].narrow(0, n, n), "started reduce_scatter of a column view");
+  worker_expect_equal(half_chunk, summed(w, n)[r].to(torch::kBFloat16), "started reduce_scatter bfloat16");
+  std::vector<torch::Tensor> blocks;
+  for (int q = 0; q < w; ++q) blocks.push_back(rank_block(q, 1, n));
+  worker_expect_equal(gathered, torch::cat(blocks, 0).view({-1}), "started all_gather");
+  worker_expect_equal(in_place, torch::cat(blocks, 0), "started all_gather in place");
+  if (w > 1) {
+    const auto stats = comm.stats();
+    WORKER_CHECK(stats.reduce_scatter_calls == 3 && stats.all_gather_calls == 2 && stats.all_reduce_calls == 1,
+                 "calls: reduce_scatter ", stats.reduce_scatter_calls, ", all_gather ", stats.all_gather_calls,
+                 ", all_reduce ", stats.all_reduce_calls);
+    WORKER_CHECK(stats.reduce_scatter_bytes == 4 * (2 * w * n) + 2 * w * n, "reduce_scatter bytes ",
+                 stats.reduce_scatter_bytes);
+    WORKER_CHECK(stats.all_gather_bytes == 2 * 4 * w * n, "all_gather bytes ", stats.all_gather_bytes);
+    WORKER_CHECK(stats.async_seconds > 0, "started collectives not timed on the lane");
+    // Any other overlap of input and output is refused, naming the rule.
+    std::string message;
+    try {
+      auto out = torch::zeros({w * n});
+      comm.start_all_gather_into(out, out.narrow(0, ((r + 1) % w) * n, n));
+    } catch (const std::exception& error) {
+      message = error.what();
+    }
+    WORKER_CHECK(message.find("own block") != std::string::npos, "overlapping gather not refused: ", message);
+  } else {
+    WORKER_CHECK(comm.stats().calls() == 0, "a size-1 group counted collectives");
+  }
+}
+
+// A started collective whose peer is gone: wait() fails naming the op and the
+// group; the one queued behind it is not run and fails at once with that error.
+AUTOTP_WORKER(started_peer_exits) {
+  ctx.barrier_at_exit = false;
+  auto topology = ctx.topology(1);
+  topology->world().barrier();
+  if (ctx.env.rank == 1) std::_Exit(0);
+  auto full = torch::ones({1024}), out = torch::empty({512}), second = torch::empty({512});
+  auto work = topology->world().start_reduce_scatter_into(out, full);
+  auto queued = topology->world().start_reduce_scatter_into(second, full);
+  auto message_of = [](autotp::CommWork& w) {
+    try {
+      w.wait();
+    } catch (const std::exception& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  const std::string message = message_of(work);
+  WORKER_CHECK(message.find("Comm::reduce_scatter") != std::string::npos, "message lacks the op: ", message);
+  WORKER_CHECK(message.find("group 'world'") != std::string::npos, "message lacks the group: ", message);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string after = message_of(queued);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  WORKER_CHECK(after.find("not run: an earlier collective of this group failed") != std::string::npos,
+               "queued collective: ", after);
+  WORKER_CHECK(seconds < 1, "the queued collective took ", seconds, " s to fail");
+}
+
 // copy_to_tp: identity forward, all-reduce backward; reduce_from_tp: the reverse.
 AUTOTP_WORKER(autograd_copy_and_reduce) {
   Comm& comm = world_comm(ctx);
@@ -314,6 +403,7 @@ AUTOTP_COLLECTIVE_TEST(AllReduceSumMaxMin, all_reduce)
 AUTOTP_COLLECTIVE_TEST(BroadcastFromEveryRoot, broadcast)
 AUTOTP_COLLECTIVE_TEST(AllGatherEvenAndUneven, all_gather)
 AUTOTP_COLLECTIVE_TEST(ReduceScatterEvenAndUneven, reduce_scatter)
+AUTOTP_COLLECTIVE_TEST(StartedCollectivesKeepTheGroupOrder, started_collectives)
 AUTOTP_COLLECTIVE_TEST(AutogradCopyToAndReduceFrom, autograd_copy_and_reduce)
 AUTOTP_COLLECTIVE_TEST(AutogradGatherFromAndScatterTo, autograd_gather_and_scatter)
 
@@ -321,6 +411,16 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3,
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "world" + std::to_string(info.param);
                          });
+
+TEST(StartedCollectives, OverGlooWithoutSharedMemory) {
+  auto result = autotp::test::run_workers("started_collectives", 3, {}, {{"AUTOTP_SHARED_MEMORY", "0"}});
+  ASSERT_EQ(result.exit_code, 0) << result.summary;
+}
+
+TEST(CommFailure, StartedCollectiveWithDeadPeerFailsOnWait) {
+  auto result = autotp::test::run_workers("started_peer_exits", 2);
+  ASSERT_EQ(result.exit_code, 0) << result.summary;
+}
 
 TEST(CommFailure, DeadPeerFailsFastNamingOpAndGroup) {
   auto result = autotp::test::run_workers("peer_exits", 2);

@@ -51,6 +51,17 @@ SimLayout layout(int gpus, int tp, int stage, torch::ScalarType dtype = torch::k
   return l;
 }
 
+// A made-up cpu-local calibration for two ranks (GEMM, all-reduce, all-gather fits).
+Calibration two_rank_calibration() {
+  Calibration cal;
+  cal.world = 2;
+  cal.gemm_peak_flops = 1e10;
+  cal.gemm_fit = {1e-6, 1e10};
+  cal.all_reduce[2] = {1e-4, 1e9};
+  cal.all_gather[2] = {2e-4, 1e9};
+  return cal;
+}
+
 TEST(SimulatorMemory, ZeroPaperModelStates) {
   // Llama-2-7B, tp 1, Nd = 8 (Psi divisible by 8, so no padding): fp32 AdamW has
   // 4-byte params and grads and K = 8 (ZeRO paper, fp32 variant).
@@ -201,12 +212,7 @@ TEST(SimulatorTime, InStepCollectiveExtrasAddPerCollective) {
   // cpu-local: each gradient all-reduce and parameter gather after the backward costs
   // step_collective_extra_s on top, each ZeRO-3 layer gather layer_gather_extra_s.
   auto model = resolve_sim_model("preset:llama-tiny");
-  Calibration cal;
-  cal.world = 2;
-  cal.gemm_peak_flops = 1e10;
-  cal.gemm_fit = {1e-6, 1e10};
-  cal.all_reduce[2] = {1e-4, 1e9};
-  cal.all_gather[2] = {2e-4, 1e9};
+  Calibration cal = two_rank_calibration();
   Calibration extra = cal;
   extra.step_collective_extra_s[2] = 0.003;
   extra.layer_gather_extra_s[2] = 0.0005;
@@ -241,6 +247,67 @@ TEST(SimulatorTime, InStepCollectiveExtrasAddPerCollective) {
   auto old = Calibration::from_json(j, "old.json");
   EXPECT_TRUE(old.step_collective_extra_s.empty());
   EXPECT_TRUE(old.layer_gather_extra_s.empty());
+}
+
+TEST(SimulatorTime, OverlapHidesWhatTheEngineRunsBehindCompute) {
+  // The engine's overlap_comm: stage 2-3 reductions and stage-3 prefetched
+  // gathers hide behind forward/backward compute, stage 1-2 parameter gathers
+  // behind the update; stage 0 hides nothing; never more than the compute.
+  auto model = resolve_sim_model("llama2-7b");
+  auto cluster = find_cluster("8xA100-80GB");
+  auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+  for (int stage : {0, 1, 2, 3}) {
+    SimLayout l = layout(8, 1, stage, torch::kBFloat16);
+    l.micro_batch = 2;
+    l.seq_len = 256;
+    l.overlap_comm = false;
+    const auto off = estimate_time(model.config, shape, l, cluster);
+    l.overlap_comm = true;
+    const auto on = estimate_time(model.config, shape, l, cluster);
+    EXPECT_EQ(off.overlap_s, 0);
+    EXPECT_DOUBLE_EQ(on.zero_comm_s, off.zero_comm_s) << "stage " << stage;
+    EXPECT_DOUBLE_EQ(on.step_s, on.compute_s + on.tp_comm_s + on.zero_comm_s - on.overlap_s);
+    EXPECT_LE(on.overlap_s, on.zero_comm_s);
+    EXPECT_LE(on.overlap_s, on.compute_s);
+    if (stage == 0)
+      EXPECT_EQ(on.overlap_s, 0);
+    else
+      EXPECT_GT(on.overlap_s, 0) << "stage " << stage;
+    // Stage 3 hides most of its traffic: all but the embeddings' collectives and the norm.
+    if (stage == 3) EXPECT_GT(on.overlap_s, 0.8 * on.zero_comm_s);
+  }
+  // cpu-local: the collectives share the compute's cores, nothing is hidden.
+  Calibration cal = two_rank_calibration();
+  auto tiny = resolve_sim_model("preset:llama-tiny");
+  SimLayout l = layout(2, 1, 3);
+  l.persistence_threshold = 0;
+  EXPECT_EQ(estimate_time(tiny.config, rank_shape(tiny.config, build_plan(tiny.config, 1), 0), l,
+                          cpu_local_cluster(cal, "cpu"))
+                .overlap_s,
+            0);
+}
+
+TEST(SimulatorMemory, OverlapKeepsThePrefetchedLayerAndTheBucketInFlight) {
+  // Stage 3 with overlap holds one more layer (prefetched) and, while a layer's
+  // backward runs, the previous unit's gradient bucket; stage 1 holds the same.
+  auto model = resolve_sim_model("llama2-7b");
+  auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+  SimLayout l = layout(8, 1, 3, torch::kBFloat16);
+  l.micro_batch = 2;
+  l.seq_len = 256;
+  l.overlap_comm = false;
+  const auto off = estimate_memory(model.config, shape, l);
+  l.overlap_comm = true;
+  const auto on = estimate_memory(model.config, shape, l);
+  const int64_t layer = 2 * (4 * 4096LL * 4096 + 3 * 4096LL * 11008 + 2 * 4096);  // bf16 bytes, padded by 8 below
+  EXPECT_GT(on.total - off.total, layer);      // the prefetched layer and the bucket in flight
+  EXPECT_LT(on.total - off.total, 3 * layer);
+  EXPECT_EQ(on.states.total(), off.states.total());
+  l.zero_stage = 1;
+  l.overlap_comm = false;
+  const auto one_off = estimate_memory(model.config, shape, l);
+  l.overlap_comm = true;
+  EXPECT_EQ(estimate_memory(model.config, shape, l).forward_backward_peak, one_off.forward_backward_peak);
 }
 
 TEST(SimulatorTime, MultiNodeDataParallelUsesTheNic) {

@@ -118,6 +118,14 @@ TEST(TrainConfigParse, EmptyConfigGivesTheDefaults) {
   EXPECT_EQ(c.fp16.initial_scale_power, 16);
   EXPECT_EQ(c.zero.stage, 0);
   EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  // overlap_comm unset: on when training on CUDA, off on CPU; an explicit value wins.
+  EXPECT_FALSE(c.zero.overlap_comm.has_value());
+  EXPECT_TRUE(c.zero.overlaps(/*cuda=*/true));
+  EXPECT_FALSE(c.zero.overlaps(/*cuda=*/false));
+  const auto on = TrainConfig::from_json(json::parse(R"({"zero_optimization": {"overlap_comm": true}})"), "");
+  EXPECT_TRUE(on.zero.overlaps(false));
+  EXPECT_EQ(on.to_json()["zero_optimization"]["overlap_comm"], true);
+  EXPECT_FALSE(c.to_json()["zero_optimization"].contains("overlap_comm"));
   EXPECT_EQ(c.tensor_parallel.autotp_size, 1);
   EXPECT_TRUE(c.tensor_parallel.layer_specs.empty());
   EXPECT_FALSE(c.activation_checkpointing.enabled);

@@ -98,11 +98,16 @@ TEST(RmsNorm, EqualsAutogradOnThePlainOpsBitForBit) {
 // rank, (dp - 1) / dp of 3 x the model bytes (gather forward, gather backward,
 // reduce-scatter) less the embeddings' backward gather (their backward reads
 // no weight); the step's peak stays within model states + the activations a
-// stage-0 step needs + two gathered layers + two reduction buckets.
+// stage-0 step needs + two gathered layers + two reduction buckets, and with
+// overlap_comm one more layer's gradients and one more bucket: the unit whose
+// reduce-scatter runs behind the next layer's backward, and the lane's copy of
+// the column bucket it is reducing, whenever the lane runs it (the next
+// layer's prefetch is one of the two gathered layers).
 AUTOTP_WORKER(zero3_traffic_and_peak) {
   install_memory_counter();
   const bool bf16 = ctx.args.at(0) == "bf16";
   const int64_t gas = std::stoll(ctx.args.at(1));
+  const bool overlap = ctx.args.at(2) == "overlap";
   auto topo = ctx.topology(1);
   const int dp = topo->dp_size();
   auto source = resolve_model("preset:llama-small");
@@ -115,7 +120,10 @@ AUTOTP_WORKER(zero3_traffic_and_peak) {
               {"gradient_clipping", 1.0},
               {"bf16", {{"enabled", bf16}}},
               {"zero_optimization",
-               {{"stage", stage}, {"reduce_bucket_size", kBucket}, {"stage3_param_persistence_threshold", 0}}}};
+               {{"stage", stage},
+                {"reduce_bucket_size", kBucket},
+                {"stage3_param_persistence_threshold", 0},
+                {"overlap_comm", overlap}}}};
     auto config = TrainConfig::from_json(j, "test");
     config.resolve_batch(topo->world_size());
     return std::make_unique<Trainer>(config, topo, load_model(source, plan, topo->tp(), training_dtype(config), 1),
@@ -156,24 +164,116 @@ AUTOTP_WORKER(zero3_traffic_and_peak) {
   WORKER_CHECK(wire == expected, "per-rank traffic ", wire, " vs ", expected);
 
   const int64_t states = m.model_states.total();
-  const int64_t bound = states + stage0_activations + 2 * e * largest_layer + 2 * e * kBucket;
+  const int64_t in_flight = overlap ? e * (largest_layer + kBucket) : 0;
+  const int64_t bound = states + stage0_activations + 2 * e * largest_layer + 2 * e * kBucket + in_flight;
   WORKER_CHECK(m.peak_allocated_bytes <= bound, "ZeRO-3 peak ", m.peak_allocated_bytes, " > states ", states,
                " + stage-0 activations ", stage0_activations, " + 2 layers ", 2 * e * largest_layer,
-               " + 2 buckets ", 2 * e * kBucket);
+               " + 2 buckets ", 2 * e * kBucket, " + gradients in flight ", in_flight);
+  WORKER_CHECK((after.async_seconds > before.async_seconds) == overlap, "overlap_comm ", overlap,
+               " but the lane ran for ", after.async_seconds - before.async_seconds, " s");
   if (topo->rank() == 0)
     std::fprintf(stderr,
-                 "%s gas %ld: %.1f MB per rank on the wire (3 x %.1f MB model - embeddings); peak %.1f MB <= %.1f MB "
+                 "%s gas %ld %s: %.1f MB per rank on the wire (3 x %.1f MB model - embeddings); peak %.1f MB <= %.1f MB "
                  "(states %.1f, stage-0 activations %.1f)\n",
-                 bf16 ? "bf16" : "fp32", static_cast<long>(gas), wire / 1e6, e * model / 1e6,
+                 bf16 ? "bf16" : "fp32", static_cast<long>(gas), overlap ? "overlap" : "synchronous", wire / 1e6,
+                 e * model / 1e6,
                  m.peak_allocated_bytes / 1e6, bound / 1e6, states / 1e6, stage0_activations / 1e6);
 }
 
-TEST(ZeroThree, StepTrafficAndPeakMatchTheClosedForms) {
-  for (const char* dtype : {"fp32", "bf16"})
-    for (const char* gas : {"1", "2"}) {
-      auto result = test::run_workers("zero3_traffic_and_peak", 4, {dtype, gas});
-      ASSERT_EQ(result.exit_code, 0) << dtype << " gas " << gas << ": " << result.summary;
+// overlap_comm on (collectives on the dp lane, stage-3 prefetch) and off run the
+// same collectives in the same order: losses, gradient norms and every weight
+// bit-identical, the same traffic, and only the overlapped run uses the lane.
+AUTOTP_WORKER(overlap_equals_synchronous) {
+  const int tp = std::stoi(ctx.args.at(0));
+  const int stage = std::stoi(ctx.args.at(1));
+  const bool bf16 = ctx.args.at(2) == "bf16";
+  const int64_t gas = std::stoll(ctx.args.at(3));
+  auto topo = ctx.topology(tp);
+  auto source = resolve_model("preset:llama-tiny");
+  TpPlanOptions plan_options;
+  plan_options.tp_size = tp;
+  const TpPlan plan = TpPlan::build(source.config, plan_options);
+  auto make = [&](bool overlap) {
+    json j = {{"train_micro_batch_size_per_gpu", 2},
+              {"gradient_accumulation_steps", gas},
+              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-2}}}}},
+              {"gradient_clipping", 1.0},
+              {"bf16", {{"enabled", bf16}}},
+              // Small buckets: units go in several reduce-scatters; persistent tensors stay whole.
+              {"zero_optimization", {{"stage", stage}, {"overlap_comm", overlap}, {"reduce_bucket_size", 1000}}}};
+    auto config = TrainConfig::from_json(j, "test");
+    config.resolve_batch(topo->world_size());
+    return std::make_unique<Trainer>(config, topo, load_model(source, plan, topo->tp(), training_dtype(config), 1),
+                                     nullptr, false);
+  };
+  torch::manual_seed(11 + topo->dp_rank());
+  std::vector<std::vector<Batch>> steps(3);
+  for (auto& batches : steps)
+    for (int64_t i = 0; i < gas; ++i) {
+      auto rows = torch::randint(0, source.config.vocab_size, {2, 17}, torch::kLong);
+      batches.push_back({rows.narrow(1, 0, 16).contiguous(), rows.narrow(1, 1, 16).contiguous()});
     }
+  struct Run {
+    std::vector<double> losses, norms;
+    std::vector<torch::Tensor> weights;
+    CommStats dp;
+  };
+  auto run = [&](bool overlap) {
+    Run out;
+    auto trainer = make(overlap);
+    const CommStats before = topo->dp().stats();
+    for (const auto& batches : steps) {
+      const StepMetrics m = trainer->train_step(batches);
+      out.losses.push_back(m.loss);
+      out.norms.push_back(m.grad_norm);
+    }
+    const CommStats after = topo->dp().stats();
+    out.dp = after;
+    out.dp.all_gather_bytes -= before.all_gather_bytes;
+    out.dp.reduce_scatter_bytes -= before.reduce_scatter_bytes;
+    out.dp.all_reduce_bytes -= before.all_reduce_bytes;
+    out.dp.async_seconds -= before.async_seconds;
+    trainer->optimizer().gather_all_params();
+    for (auto& p : trainer->model().parameters()) out.weights.push_back(p.tensor.detach().clone());
+    return out;
+  };
+  const Run sync = run(false), overlapped = run(true);
+  for (size_t s = 0; s < sync.losses.size(); ++s) {
+    WORKER_CHECK(sync.losses[s] == overlapped.losses[s], "step ", s + 1, " loss ", overlapped.losses[s], " vs ",
+                 sync.losses[s]);
+    WORKER_CHECK(sync.norms[s] == overlapped.norms[s], "step ", s + 1, " norm ", overlapped.norms[s], " vs ",
+                 sync.norms[s]);
+  }
+  for (size_t i = 0; i < sync.weights.size(); ++i)
+    WORKER_CHECK(torch::equal(sync.weights[i], overlapped.weights[i]), "parameter ", i, " differs");
+  WORKER_CHECK(sync.dp.all_gather_bytes == overlapped.dp.all_gather_bytes &&
+                   sync.dp.reduce_scatter_bytes == overlapped.dp.reduce_scatter_bytes &&
+                   sync.dp.all_reduce_bytes == overlapped.dp.all_reduce_bytes,
+               "traffic differs: gather ", overlapped.dp.all_gather_bytes, " vs ", sync.dp.all_gather_bytes,
+               ", reduce-scatter ", overlapped.dp.reduce_scatter_bytes, " vs ", sync.dp.reduce_scatter_bytes);
+  WORKER_CHECK(sync.dp.async_seconds == 0, "overlap_comm false still used the lane");
+  if (stage >= 1 && topo->dp_size() > 1)
+    WORKER_CHECK(overlapped.dp.async_seconds > 0, "overlap_comm true never used the lane at stage ", stage);
+}
+
+TEST(ZeroOverlap, ResultsAreBitIdenticalToSynchronous) {
+  // world 4: tp 1 (dp 4, the dp group is the world's) and tp 2 (dp 2); stage 0 has nothing started.
+  for (const char* tp : {"1", "2"})
+    for (const char* stage : {"1", "2", "3"}) {
+      const char* dtype = std::string(stage) == "2" ? "fp32" : "bf16";
+      const char* gas = std::string(tp) == "1" ? "2" : "1";
+      auto result = test::run_workers("overlap_equals_synchronous", 4, {tp, stage, dtype, gas});
+      ASSERT_EQ(result.exit_code, 0) << "tp " << tp << " stage " << stage << ": " << result.summary;
+    }
+}
+
+TEST(ZeroThree, StepTrafficAndPeakMatchTheClosedForms) {
+  for (const char* overlap : {"synchronous", "overlap"})
+    for (const char* dtype : {"fp32", "bf16"})
+      for (const char* gas : {"1", "2"}) {
+        auto result = test::run_workers("zero3_traffic_and_peak", 4, {dtype, gas, overlap});
+        ASSERT_EQ(result.exit_code, 0) << dtype << " gas " << gas << " " << overlap << ": " << result.summary;
+      }
 }
 
 }  // namespace

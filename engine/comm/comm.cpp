@@ -1,5 +1,6 @@
 #include "autotp/comm/comm.h"
 
+#include "autotp/comm/comm_lane.h"
 #include "autotp/comm/shared_memory_transport.h"
 
 #include <c10/core/WrapDimMinimal.h>
@@ -87,6 +88,82 @@ class Stopwatch {
 
 Comm::Comm() : global_ranks_{0} {}
 
+Comm::~Comm() {
+  if (lane_) lane_->drain();
+}
+
+CommStats Comm::stats() const {
+  CommStats stats = stats_;
+  stats.async_seconds = static_cast<double>(async_ns_->load()) * 1e-9;
+  return stats;
+}
+
+void Comm::reset_stats() {
+  stats_ = {};
+  async_ns_->store(0);
+}
+
+void Comm::wait_all() {
+  if (lane_) lane_->drain();
+}
+
+void Comm::share_lane_with(const Comm& other) {
+  TORCH_CHECK(group_ == other.group_, "Comm::share_lane_with: group '", name_, "' and group '", other.name_,
+              "' do not share a process group");
+  lane_ = other.lane_;
+}
+
+void CommWork::wait() {
+  if (!pending()) return;
+  Stopwatch timed(comm_->stats_.seconds);
+  auto job = std::move(job_);  // cleared first: a second wait is a no-op
+  auto work = std::move(work_);
+  if (job) {
+    job->wait();  // its error already names the op and the group
+    return;
+  }
+  try {
+    work->wait();
+  } catch (const std::exception& error) {
+    comm_->fail(op_, error);
+  }
+}
+
+template <typename Start>
+CommWork Comm::start_on_nccl(const char* op, Start&& start) {
+  wait_all();  // the group's CPU collectives first
+  CommWork work;
+  work.comm_ = this;
+  work.op_ = op;
+  try {
+    work.work_ = start();
+  } catch (const std::exception& error) {
+    fail(op, error);
+  }
+  return work;
+}
+
+CommWork Comm::post(const char* op, std::function<void()> body) {
+  CommWork work;
+  work.comm_ = this;
+  work.op_ = op;
+  work.job_ = lane_->post([counter = async_ns_, body = std::move(body)] {
+    const auto start = std::chrono::steady_clock::now();
+    auto add_elapsed = [&] {
+      counter->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+                             .count());
+    };
+    try {
+      body();
+    } catch (...) {
+      add_elapsed();
+      throw;
+    }
+    add_elapsed();
+  });
+  return work;
+}
+
 void Comm::use_shared_memory(std::shared_ptr<SharedMemoryTransport> transport) {
   TORCH_CHECK(!transport || transport->size() == size_, "Comm::use_shared_memory on group '", name_,
               "': a transport for ", transport ? transport->size() : 0, " ranks given to a group of ", size_);
@@ -105,6 +182,7 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global
     rank_ = group_->getRank();
     size_ = group_->getSize();
   }
+  if (size_ > 1) lane_ = std::make_shared<CommLane>();  // its thread starts with the first started collective
   TORCH_CHECK(group_ || global_ranks_.size() == 1, "Comm '", name_, "': a group of ", global_ranks_.size(),
               " ranks needs a process group");
   TORCH_CHECK(static_cast<int>(global_ranks_.size()) == size_, "Comm '", name_, "': ", global_ranks_.size(),
@@ -140,6 +218,7 @@ void Comm::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 
 void Comm::all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name) {
   if (tensor.numel() == 0) return;
+  wait_all();
   torch::NoGradGuard no_grad;
   torch::Tensor buffer = reduction_buffer(tensor, on_nccl(tensor));
   if (shm_ && !tensor.is_cuda()) {
@@ -168,6 +247,7 @@ void Comm::broadcast(torch::Tensor& tensor, int root) {
   stats_.broadcast_bytes += static_cast<int64_t>(tensor.nbytes());
   if (tensor.numel() == 0) return;
   Stopwatch timed(stats_.seconds);
+  wait_all();
   torch::NoGradGuard no_grad;
   torch::Tensor buffer = movement_view(tensor.contiguous());
   run("broadcast", [&] {
@@ -232,6 +312,7 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
 
   torch::NoGradGuard no_grad;
   Stopwatch timed(stats_.seconds);
+  wait_all();
   // Gloo's allgather needs every rank's block to have the same shape: uneven
   // shards are padded to the largest and cut back after the gather.
   torch::Tensor input;
@@ -255,10 +336,24 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
   return torch::cat(blocks, dim);
 }
 
+void Comm::check_into(const char* op, const torch::Tensor& out, const torch::Tensor& in, bool gather) const {
+  const int64_t expected = gather ? in.numel() * size_ : in.numel();
+  const int64_t given = gather ? out.numel() : out.numel() * size_;
+  TORCH_CHECK(out.is_contiguous() && given == expected && out.scalar_type() == in.scalar_type(), "Comm::", op,
+              " on group '", name_, "': ", out.numel(), " contiguous ", out.scalar_type(), " output elements for ",
+              in.numel(), " ", in.scalar_type(), " input elements over ", size_, " ranks");
+  if (!out.storage().is_alias_of(in.storage())) return;
+  // A gather's input may be exactly this rank's own block of the output (in place, as NCCL allows).
+  const bool own_block = gather && in.is_contiguous() && in.numel() > 0 &&
+                         static_cast<const char*>(in.data_ptr()) ==
+                             static_cast<const char*>(out.data_ptr()) + rank_ * in.nbytes();
+  TORCH_CHECK(own_block || (gather && size_ == 1), "Comm::", op, " on group '", name_, "': the ",
+              gather ? "input overlaps the output other than as this rank's own block"
+                     : "output lies inside the input");
+}
+
 void Comm::all_gather_into(torch::Tensor& out, const torch::Tensor& local) {
-  TORCH_CHECK(out.is_contiguous() && out.numel() == local.numel() * size_ && out.scalar_type() == local.scalar_type(),
-              "Comm::all_gather_into on group '", name_, "': ", out.numel(), " output elements for ", size_,
-              " blocks of ", local.numel());
+  check_into("all_gather_into", out, local, /*gather=*/true);
   torch::NoGradGuard no_grad;
   auto input = local.contiguous().view({-1});
   auto stacked = out.view({size_, local.numel()});
@@ -266,13 +361,33 @@ void Comm::all_gather_into(torch::Tensor& out, const torch::Tensor& local) {
     stacked[0].copy_(input);
     return;
   }
-  TORCH_CHECK(!out.storage().is_alias_of(local.storage()), "Comm::all_gather_into on group '", name_,
-              "': the input lies inside the output");
   stats_.all_gather_calls += 1;
   stats_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
   if (local.numel() == 0) return;
   Stopwatch timed(stats_.seconds);
+  wait_all();
   gather_blocks(input, stacked, /*settle=*/false);
+}
+
+CommWork Comm::start_all_gather_into(const torch::Tensor& out, const torch::Tensor& local) {
+  if (size_ == 1 || local.numel() == 0) {
+    torch::Tensor target = out;
+    all_gather_into(target, local);
+    return {};
+  }
+  check_into("start_all_gather_into", out, local, /*gather=*/true);
+  stats_.all_gather_calls += 1;
+  stats_.all_gather_bytes += static_cast<int64_t>(out.nbytes());
+  torch::NoGradGuard no_grad;
+  auto input = local.contiguous().view({-1});
+  auto stacked = out.view({size_, local.numel()});
+  if (on_nccl(input)) {
+    return start_on_nccl("all_gather", [&] {
+      at::Tensor into = movement_view(stacked), from = movement_view(input);
+      return group_->_allgather_base(into, from);
+    });
+  }
+  return post("all_gather", [this, input, stacked]() mutable { gather_blocks(input, stacked, /*settle=*/false); });
 }
 
 torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes) {
@@ -291,9 +406,14 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
   if (size_ == 1) return full;
   stats_.reduce_scatter_calls += 1;
   stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
-
   torch::NoGradGuard no_grad;
   Stopwatch timed(stats_.seconds);
+  wait_all();
+  return reduce_scatter_rows(full, extents);
+}
+
+torch::Tensor Comm::reduce_scatter_rows(const torch::Tensor& full, const std::vector<int64_t>& extents) {
+  const int64_t total = full.size(0);
   if (on_nccl(full)) return reduce_scatter_nccl(full, extents);
   if (shm_ && !full.is_cuda()) return reduce_scatter_shared_memory(full, extents);
   // Gloo's reduce_scatter all-reduces the whole tensor. An all-to-all moves exactly a reduce-scatter's
@@ -327,17 +447,45 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
 }
 
 void Comm::reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full) {
-  TORCH_CHECK(out.is_contiguous() && out.numel() * size_ == full.numel() && out.scalar_type() == full.scalar_type(),
-              "Comm::reduce_scatter_into on group '", name_, "': ", out.numel(), " output elements for ",
-              full.numel(), " over ", size_, " ranks");
-  TORCH_CHECK(!out.storage().is_alias_of(full.storage()), "Comm::reduce_scatter_into on group '", name_,
-              "': the output lies inside the input");
+  check_into("reduce_scatter_into", out, full, /*gather=*/false);
   torch::NoGradGuard no_grad;
   if (full.numel() == 0) return;
-  if (size_ > 1 && shm_ && !full.is_cuda() && !is_16bit_float(full)) {
-    stats_.reduce_scatter_calls += 1;
-    stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
-    Stopwatch timed(stats_.seconds);
+  if (size_ == 1) {
+    out.view({-1}).copy_(full.reshape({-1}));
+    return;
+  }
+  stats_.reduce_scatter_calls += 1;
+  stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
+  Stopwatch timed(stats_.seconds);
+  wait_all();
+  reduce_scatter_chunk(out, full);
+}
+
+CommWork Comm::start_reduce_scatter_into(const torch::Tensor& out, const torch::Tensor& full) {
+  if (size_ == 1 || full.numel() == 0) {
+    torch::Tensor target = out;
+    reduce_scatter_into(target, full);
+    return {};
+  }
+  check_into("start_reduce_scatter_into", out, full, /*gather=*/false);
+  stats_.reduce_scatter_calls += 1;
+  stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
+  torch::NoGradGuard no_grad;
+  if (on_nccl(full)) {
+    return start_on_nccl("reduce_scatter", [&] {
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = c10d::ReduceOp::SUM;
+      at::Tensor into = out.view({-1}), from = full.contiguous().view({-1});
+      return group_->_reduce_scatter_base(into, from, options);
+    });
+  }
+  return post("reduce_scatter", [this, out, full] { reduce_scatter_chunk(out, full); });
+}
+
+// Over shared memory straight into `out` (16-bit floats excepted: summed in fp32).
+void Comm::reduce_scatter_chunk(const torch::Tensor& out, const torch::Tensor& full) {
+  torch::NoGradGuard no_grad;
+  if (shm_ && !full.is_cuda() && !is_16bit_float(full)) {
     try {
       shm_->reduce_scatter(full.contiguous().view({-1}), rank_ * out.numel(), out.numel(), out);
     } catch (const std::exception& error) {
@@ -345,7 +493,8 @@ void Comm::reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full) {
     }
     return;
   }
-  auto chunk = reduce_scatter(full.reshape({size_, -1})).view({-1});
+  // One row of `full` per rank.
+  auto chunk = reduce_scatter_rows(full.reshape({size_, -1}), std::vector<int64_t>(size_, 1)).view({-1});
   if (chunk.data_ptr() != out.data_ptr()) out.view({-1}).copy_(chunk);
 }
 
@@ -397,6 +546,7 @@ torch::Tensor Comm::reduce_scatter_nccl(const torch::Tensor& full, const std::ve
 
 void Comm::barrier() {
   if (size_ == 1) return;
+  wait_all();
   if (backend_ == Backend::kNccl) {
     // NCCL's barrier guesses a device from the rank; a CPU all-reduce (Gloo) needs none.
     auto token = torch::zeros({1}, torch::kInt32);

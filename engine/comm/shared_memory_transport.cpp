@@ -240,8 +240,11 @@ void SharedMemoryTransport::all_gather(const torch::Tensor& local, torch::Tensor
   for (int64_t offset = 0; offset < block; offset += chunk) {
     const int64_t count = std::min(chunk, block - offset);
     const int64_t set = exchange(source + offset * element, count * element);
-    for (int r = 0; r < size_; ++r)
-      std::memcpy(destination + (r * block + offset) * element, slot(set, r), static_cast<size_t>(count * element));
+    for (int r = 0; r < size_; ++r) {
+      uint8_t* to = destination + (r * block + offset) * element;
+      if (to == source + offset * element) continue;  // in place: this rank's own block is already there
+      std::memcpy(to, slot(set, r), static_cast<size_t>(count * element));
+    }
   }
 }
 

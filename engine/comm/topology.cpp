@@ -128,8 +128,9 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
   if (tp_size == 1) {
     topology->tp_ = solo(rank, "tp");
   } else if (tp_size == world_size) {
-    // Shares the world's group, so it shares the world's transport too.
+    // Shares the world's group, so it shares the world's transport and lane too.
     topology->tp_ = std::make_unique<Comm>(world_group, all, "tp", options.backend);
+    topology->tp_->share_lane_with(*topology->world_);
     if (topology->world_->uses_shared_memory()) topology->tp_->use_shared_memory(topology->world_->shared_memory());
   } else {
     const std::string prefix = fmt::format("tp/{}", dp_rank);
@@ -141,6 +142,7 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
     topology->dp_ = solo(rank, "dp");
   } else if (dp_size == world_size) {
     topology->dp_ = std::make_unique<Comm>(world_group, all, "dp", options.backend);
+    topology->dp_->share_lane_with(*topology->world_);
     if (topology->world_->uses_shared_memory()) topology->dp_->use_shared_memory(topology->world_->shared_memory());
   } else {
     const std::string prefix = fmt::format("dp/{}", tp_rank);

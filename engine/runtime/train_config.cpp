@@ -268,7 +268,7 @@ ZeroConfig parse_zero(const Section& top) {
   s.check(z.reduce_bucket_size >= 1, "reduce_bucket_size", "an integer >= 1 (elements)");
   z.allgather_bucket_size = s.integer("allgather_bucket_size", z.allgather_bucket_size);
   s.check(z.allgather_bucket_size >= 1, "allgather_bucket_size", "an integer >= 1 (elements)");
-  z.overlap_comm = s.boolean("overlap_comm", z.overlap_comm);
+  if (s.has("overlap_comm")) z.overlap_comm = s.boolean("overlap_comm", true);
   z.contiguous_gradients = s.boolean("contiguous_gradients", z.contiguous_gradients);
   z.stage3_prefetch_bucket_size = s.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
   s.check(z.stage3_prefetch_bucket_size >= 0, "stage3_prefetch_bucket_size", "an integer >= 0 (elements)");
@@ -471,11 +471,11 @@ json TrainConfig::to_json() const {
   j["zero_optimization"] = {{"stage", zero.stage},
                             {"reduce_bucket_size", zero.reduce_bucket_size},
                             {"allgather_bucket_size", zero.allgather_bucket_size},
-                            {"overlap_comm", zero.overlap_comm},
                             {"contiguous_gradients", zero.contiguous_gradients},
                             {"stage3_prefetch_bucket_size", zero.stage3_prefetch_bucket_size},
                             {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
                             {"gather_16bit_weights_on_model_save", zero.gather_16bit_weights_on_model_save}};
+  if (zero.overlap_comm) j["zero_optimization"]["overlap_comm"] = *zero.overlap_comm;  // unset: by device
 
   json tp = {{"autotp_size", tensor_parallel.autotp_size}};
   if (!tensor_parallel.layer_specs.empty()) {

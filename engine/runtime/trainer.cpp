@@ -23,7 +23,8 @@ nlohmann::json StepMetrics::to_json() const {
                        {{"forward_backward_s", forward_backward_s},
                         {"optimizer_s", optimizer_s},
                         {"comm_forward_backward_s", comm_forward_backward_s},
-                        {"comm_optimizer_s", comm_optimizer_s}}},
+                        {"comm_optimizer_s", comm_optimizer_s},
+                        {"comm_async_s", comm_async_s}}},
                       {"host_cpu", {{"busy_s", host_cpu.busy_s}, {"steal_s", host_cpu.steal_s}}},
                       {"memory", {{"model_states", model_states.to_json()},
                                   {"model_states_analytic", model_states_analytic.to_json()},
@@ -116,7 +117,11 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   auto comm_seconds = [this] {
     return topology_->tp().stats().seconds + topology_->dp().stats().seconds + topology_->world().stats().seconds;
   };
-  const double comm_at_start = comm_seconds();
+  auto async_seconds = [this] {
+    return topology_->tp().stats().async_seconds + topology_->dp().stats().async_seconds +
+           topology_->world().stats().async_seconds;
+  };
+  const double comm_at_start = comm_seconds(), async_at_start = async_seconds();
   clock.mark();
   const HostCpuTimes cpu_at_start = host_cpu_times();
   reset_memory_peak();
@@ -169,6 +174,7 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.optimizer_s = phases[1];
   m.comm_forward_backward_s = comm_after_backward - comm_at_start;
   m.comm_optimizer_s = comm_seconds() - comm_after_backward;
+  m.comm_async_s = async_seconds() - async_at_start;
   m.step_time_s = m.forward_backward_s + m.optimizer_s;
   m.tokens_per_s = total_tokens / m.step_time_s;
   const HostCpuTimes cpu_at_end = host_cpu_times();

@@ -106,7 +106,9 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
       fp16_(config.fp16),
       low_(model.dtype()),
       mixed_(model.dtype() != torch::kFloat32),
-      fp32_accum_(model.dtype() != torch::kFloat32 && config.gradient_accumulation_steps > 1) {
+      fp32_accum_(model.dtype() != torch::kFloat32 && config.gradient_accumulation_steps > 1),
+      overlap_(config.zero.overlaps(model.device().is_cuda()) && topology.dp_size() > 1),
+      prefetch_(overlap_ && stage_ == 3 && config.zero.stage3_prefetch_bucket_size > 0) {
   torch::NoGradGuard no_grad;
   auto& params = model_.parameters();
   const int tp_rank = topo_.tp_rank(), dp = topo_.dp_size(), dp_rank = topo_.dp_rank();
@@ -168,6 +170,7 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainCon
 
 ZeroOptimizer::~ZeroOptimizer() {
   if (stage_ >= 2) model_.set_use_hooks({});
+  topo_.dp().wait_all();  // nothing of ours still running on the lane (errors are dropped here)
 }
 
 void ZeroOptimizer::install_hooks() {
@@ -179,9 +182,17 @@ void ZeroOptimizer::install_hooks() {
     auto release = [this](int64_t use) {
       for (int u : use_units_.at(use + 1)) release_unit(u);
     };
-    hooks.before_forward = acquire;
+    // The next use in time: forward goes up to the head, backward down to layer 0
+    // (the embeddings' backward reads no weight).
+    hooks.before_forward = [this, acquire](int64_t use) {
+      acquire(use);
+      if (prefetch_ && use < model_.head_use()) prefetch_use(use + 1);
+    };
     hooks.after_forward = release;
-    hooks.before_backward = acquire;
+    hooks.before_backward = [this, acquire](int64_t use) {
+      acquire(use);
+      if (prefetch_ && use > 0) prefetch_use(use - 1);
+    };
     hooks.after_backward = [this, release](int64_t use) {
       release(use);  // first: the gathered unit and its gradients need not coexist
       for (int u : reduce_after_use_.at(use + 1)) reduce_unit_grads(u);
@@ -269,42 +280,133 @@ void ZeroOptimizer::write_partition(const torch::Tensor& part, torch::Tensor& fl
     flat.narrow(0, piece.flat_begin, piece.length).copy_(part.narrow(0, piece.part_begin, piece.length));
 }
 
-void ZeroOptimizer::reduce_scatter_unit(const torch::Tensor& unit_values, torch::Tensor out, bool accumulate) {
+void ZeroOptimizer::InFlight::complete() {
+  // Every work is waited (a failed one must not leave others writing), then
+  // `finish` only if all succeeded, `release` always.
+  std::exception_ptr error;
+  for (auto& work : works) {
+    try {
+      work.wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  works.clear();
+  auto then = std::move(finish), cleanup = std::move(release);
+  finish = nullptr;
+  release = nullptr;
+  if (then && !error) {
+    try {
+      then();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (cleanup) cleanup();
+  if (error) std::rethrow_exception(error);
+}
+
+ZeroOptimizer::InFlight ZeroOptimizer::start_reduce_scatter_unit(const torch::Tensor& unit_values,
+                                                                 torch::Tensor out, bool accumulate) {
+  torch::NoGradGuard no_grad;
+  InFlight flight;
   const int dp = topo_.dp_size();
   const int64_t s = unit_values.numel() / dp;
-  if (s == 0) return;
+  if (s == 0) return flight;
+  if (dp == 1) {  // one rank: the sum is the unit itself
+    if (unit_values.data_ptr() == out.data_ptr()) return flight;
+    if (accumulate)
+      out.add_(unit_values);
+    else
+      out.copy_(unit_values);
+    return flight;
+  }
   const int64_t columns = std::clamp<int64_t>(reduce_bucket_ / dp, 1, s);
+  auto grid = unit_values.view({dp, s});
+  std::vector<torch::Tensor> reduced;
+  for (int64_t j = 0; j < s; j += columns) {
+    const int64_t n = std::min(columns, s - j);
+    // A column bucket is copied to contiguous memory by the collective itself:
+    // on the CPU lane when it runs; with NCCL when it starts, so there several
+    // buckets of a unit are reduced one at a time rather than all copied at once.
+    auto bucket = n == s ? unit_values : grid.narrow(1, j, n);
+    reduced.push_back(torch::empty({n}, unit_values.options()));
+    if (overlap_ && (n == s || !unit_values.is_cuda()))
+      flight.works.push_back(topo_.dp().start_reduce_scatter_into(reduced.back(), bucket));
+    else
+      topo_.dp().reduce_scatter_into(reduced.back(), bucket);
+  }
+  flight.finish = [out, reduced = std::move(reduced), columns, accumulate]() mutable {
+    for (size_t b = 0; b < reduced.size(); ++b) {
+      auto target = out.narrow(0, static_cast<int64_t>(b) * columns, reduced[b].numel());
+      if (accumulate)
+        target.add_(reduced[b]);
+      else
+        target.copy_(reduced[b]);
+    }
+  };
+  if (!overlap_) flight.complete();
+  return flight;
+}
+
+ZeroOptimizer::InFlight ZeroOptimizer::start_all_gather_unit(const torch::Tensor& local, torch::Tensor unit_values) {
+  torch::NoGradGuard no_grad;
+  InFlight flight;
+  const int dp = topo_.dp_size();
+  const int64_t s = local.numel();
+  if (s == 0) return flight;
+  if (dp == 1) {
+    if (unit_values.data_ptr() != local.data_ptr()) unit_values.copy_(local);
+    return flight;
+  }
+  Comm& comm = topo_.dp();
+  const int64_t columns = std::clamp<int64_t>(gather_bucket_ / dp, 1, s);
+  if (columns == s) {
+    // One bucket: straight into the unit (`local` may be this rank's own slice of it).
+    if (overlap_)
+      flight.works.push_back(comm.start_all_gather_into(unit_values, local));
+    else
+      comm.all_gather_into(unit_values, local);
+    return flight;
+  }
+  // Column buckets, one at a time through a bucket-sized buffer (not overlapped:
+  // holding every bucket's buffer until the unit completes would cost a unit).
   auto grid = unit_values.view({dp, s});
   for (int64_t j = 0; j < s; j += columns) {
     const int64_t n = std::min(columns, s - j);
-    auto bucket = n == s ? unit_values : grid.narrow(1, j, n).contiguous().view({-1});
-    auto reduced = topo_.dp().reduce_scatter(bucket);
-    if (dp == 1 && reduced.data_ptr() == out.data_ptr()) continue;  // one rank: the sum is in place
-    if (accumulate)
-      out.narrow(0, j, n).add_(reduced);
-    else
-      out.narrow(0, j, n).copy_(reduced);
+    auto gathered = torch::empty({dp * n}, local.options());
+    comm.all_gather_into(gathered, local.narrow(0, j, n).contiguous());
+    grid.narrow(1, j, n).copy_(gathered.view({dp, n}));
+  }
+  return flight;
+}
+
+void ZeroOptimizer::finish_in_flight(size_t keep) {
+  while (in_flight_.size() > keep) {
+    InFlight flight = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    flight.complete();
   }
 }
 
-void ZeroOptimizer::all_gather_unit(const torch::Tensor& local, torch::Tensor unit_values) {
-  const int dp = topo_.dp_size();
-  const int64_t s = local.numel();
-  if (s == 0) return;
-  if (dp == 1) {
-    if (unit_values.data_ptr() != local.data_ptr()) unit_values.copy_(local);
-    return;
-  }
-  const int64_t columns = std::clamp<int64_t>(gather_bucket_ / dp, 1, s);
-  if (columns == s && !local.storage().is_alias_of(unit_values.storage())) {
-    topo_.dp().all_gather_into(unit_values, local);  // one bucket: straight into the unit
-    return;
-  }
-  auto grid = unit_values.view({dp, s});
-  for (int64_t j = 0; j < s; j += columns) {
-    const int64_t n = std::min(columns, s - j);
-    auto gathered = topo_.dp().all_gather(local.narrow(0, j, n).contiguous(), 0);
-    grid.narrow(1, j, n).copy_(gathered.view({dp, n}));
+void ZeroOptimizer::prefetch_use(int64_t use) {
+  torch::NoGradGuard no_grad;
+  for (int unit : use_units_.at(use + 1)) {
+    if (unit == layout_.whole_unit || gathered_[unit] > 0 || prefetched_.count(unit)) continue;
+    const torch::Tensor& buffer = unit_buffers_[unit];
+    allocate_storage(buffer);
+    memory_tag_add(MemoryTag::kGatheredParams, static_cast<int64_t>(buffer.nbytes()));
+    const int64_t begin = layout_.units[unit].begin / layout_.dp;
+    InFlight flight;
+    try {
+      flight = start_all_gather_unit(param_part_.narrow(0, begin, slice_of(unit)), buffer);
+    } catch (...) {
+      free_storage(buffer);
+      memory_tag_add(MemoryTag::kGatheredParams, -static_cast<int64_t>(buffer.nbytes()));
+      throw;
+    }
+    // Held here until acquired; if it never is, release_stale_units frees it.
+    prefetched_.emplace(unit, std::move(flight));
   }
 }
 
@@ -316,6 +418,18 @@ void ZeroOptimizer::acquire_unit(int unit) {
   }
   torch::NoGradGuard no_grad;
   const torch::Tensor& buffer = unit_buffers_[unit];
+  if (auto ahead = prefetched_.find(unit); ahead != prefetched_.end()) {
+    InFlight flight = std::move(ahead->second);
+    prefetched_.erase(ahead);
+    gathered_[unit] = 1;  // storage and memory tag came with the prefetch
+    try {
+      flight.complete();
+    } catch (...) {
+      release_unit(unit);
+      throw;
+    }
+    return;
+  }
   allocate_storage(buffer);
   try {
     const int64_t begin = layout_.units[unit].begin / layout_.dp;
@@ -332,6 +446,20 @@ void ZeroOptimizer::release_stale_units() {
   // A use whose release never ran (an exception inside it, or a backward that
   // acquired a unit without reaching the use's input) must not keep its unit,
   // with weights of an earlier step, beyond the backward.
+  // Prefetches never used: their gathers finish before the storage goes.
+  while (!prefetched_.empty()) {
+    const int unit = prefetched_.begin()->first;
+    InFlight flight = std::move(prefetched_.begin()->second);
+    prefetched_.erase(prefetched_.begin());
+    gathered_[unit] += 1;
+    try {
+      flight.complete();
+    } catch (...) {
+      release_unit(unit);
+      throw;
+    }
+    release_unit(unit);
+  }
   if (pinned_) return;
   for (size_t u = 0; u < gathered_.size(); ++u) {
     if (gathered_[u] == 0 || static_cast<int>(u) == layout_.whole_unit) continue;
@@ -365,6 +493,7 @@ void ZeroOptimizer::gather_all_params() {
 
 void ZeroOptimizer::begin_step() {
   torch::NoGradGuard no_grad;
+  finish_in_flight(0);  // left by a backward that did not reach after_backward
   release_pins();
   if (stage_ == 3) release_stale_units();
   auto& params = model_.parameters();
@@ -404,6 +533,9 @@ void ZeroOptimizer::reduce_unit_grads(int unit) {
   bool any = false;
   for (size_t i : unit_params_[unit]) any = any || params[i].tensor.grad().defined();
   if (!any) return;
+  // The previous unit's reduction (it ran behind this unit's backward) completes
+  // first, so its bucket is gone before this one is filled.
+  finish_in_flight(0);
   const int64_t bucket_bytes = u.length * static_cast<int64_t>(c10::elementSize(low_));
   memory_tag_add(MemoryTag::kGradientBuckets, bucket_bytes);
   torch::Tensor buffer;
@@ -425,9 +557,17 @@ void ZeroOptimizer::reduce_unit_grads(int unit) {
     }
   }
   only = torch::Tensor();
-  reduce_scatter_unit(buffer, grad_part_.narrow(0, u.begin / layout_.dp, slice_of(unit)), /*accumulate=*/true);
-  buffer = torch::Tensor();
-  memory_tag_add(MemoryTag::kGradientBuckets, -bucket_bytes);
+  InFlight flight =
+      start_reduce_scatter_unit(buffer, grad_part_.narrow(0, u.begin / layout_.dp, slice_of(unit)), /*accumulate=*/true);
+  // The bucket lives until its reduction is complete (the lane holds it meanwhile).
+  flight.release = [buffer = std::move(buffer), bucket_bytes]() mutable {
+    buffer = torch::Tensor();
+    memory_tag_add(MemoryTag::kGradientBuckets, -bucket_bytes);
+  };
+  if (overlap_)
+    in_flight_.push_back(std::move(flight));  // runs behind the next unit's backward
+  else
+    flight.complete();
 }
 
 void ZeroOptimizer::after_backward() {
@@ -451,6 +591,7 @@ void ZeroOptimizer::after_backward() {
     for (size_t i : unit_params_[u]) pending = pending || params[i].tensor.grad().defined();
     if (pending) reduce_unit_grads(static_cast<int>(u));
   }
+  finish_in_flight(0);
   unit_reduced_.assign(layout_.units.size(), false);
 }
 
@@ -467,6 +608,7 @@ StepOutcome ZeroOptimizer::step(double lr) {
   torch::NoGradGuard no_grad;
   StepOutcome outcome;
   outcome.loss_scale = loss_scale_;
+  finish_in_flight(0);  // after_backward completes them; a caller that skipped it must not read half-reduced grads
   if (stage_ <= 1) {
     torch::Tensor acc = fp32_accum_ ? grad_accum_ : flat_grads_;
     sync_shared_grads(acc);
@@ -480,9 +622,11 @@ StepOutcome ZeroOptimizer::step(double lr) {
       for (size_t u = 0; u < layout_.units.size(); ++u) {
         const FlatUnit& unit = layout_.units[u];
         if (unit.length == 0) continue;
-        reduce_scatter_unit(acc.narrow(0, unit.begin, unit.length), own_slice(acc, static_cast<int>(u)),
-                            /*accumulate=*/false);
+        in_flight_.push_back(start_reduce_scatter_unit(acc.narrow(0, unit.begin, unit.length),
+                                                       own_slice(acc, static_cast<int>(u)), /*accumulate=*/false));
+        finish_in_flight(1);
       }
+      finish_in_flight(0);
     }
   }
   // The global norm from the owned ranges (fp64 partial sums, one all-reduce).
@@ -526,10 +670,27 @@ StepOutcome ZeroOptimizer::step(double lr) {
         if (coef < 1) g.mul_(coef);
         optimizer_->update(begin, master_at(begin, n), g, lr);
       }
+      // Stages 1-2: the unit's gather runs while the next piece is updated.
+      if (stage_ == 1 || stage_ == 2) redistribute_piece(piece);
+    }
+    if (stage_ == 1 || stage_ == 2) {
+      finish_in_flight(0);
+      return outcome;
     }
   }
   redistribute_params();
   return outcome;
+}
+
+void ZeroOptimizer::redistribute_piece(const PartitionPiece& piece) {
+  if (mixed_)
+    flat_params_.narrow(0, piece.flat_begin, piece.length).copy_(master_.narrow(0, piece.part_begin, piece.length));
+  if (topo_.dp_size() == 1) return;
+  const FlatUnit& unit = layout_.units[piece.unit];
+  // The gather reads this rank's slice before the result is copied over it.
+  in_flight_.push_back(start_all_gather_unit(own_slice(flat_params_, piece.unit),
+                                             flat_params_.narrow(0, unit.begin, unit.length)));
+  finish_in_flight(1);
 }
 
 void ZeroOptimizer::redistribute_params() {
@@ -542,13 +703,12 @@ void ZeroOptimizer::redistribute_params() {
                       unit_buffers_[whole]);
     return;
   }
-  if (mixed_) write_partition(master_, flat_params_);
-  if (stage_ == 0 || topo_.dp_size() == 1) return;
-  for (size_t u = 0; u < layout_.units.size(); ++u) {
-    const FlatUnit& unit = layout_.units[u];
-    // The gather reads this rank's slice before the result is copied over it.
-    all_gather_unit(own_slice(flat_params_, static_cast<int>(u)), flat_params_.narrow(0, unit.begin, unit.length));
+  if (stage_ == 0) {
+    if (mixed_) write_partition(master_, flat_params_);
+    return;
   }
+  for (const auto& piece : pieces_) redistribute_piece(piece);
+  finish_in_flight(0);
 }
 
 PartitionState ZeroOptimizer::partition_state() const {

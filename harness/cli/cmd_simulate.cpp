@@ -35,7 +35,8 @@ struct SimulateArgs {
   int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
   std::string recompute = "off";
   std::optional<double> inter_node_bw, host_steal;
-  bool activation_checkpointing = false, json = false, sweep = false, overlap_comm = false, calibrate = false;
+  bool activation_checkpointing = false, json = false, sweep = false, calibrate = false;
+  std::optional<bool> overlap_comm;  // unset: as the engine, on for GPU clusters, off on cpu-local
   WorldOptions world;
 };
 
@@ -88,7 +89,7 @@ void calibrate(const SimulateArgs& args) {
                              n, extra * 1e3, cal.layer_gather_extra_s.count(n) ? cal.layer_gather_extra_s.at(n) * 1e3 : 0.0);
 }
 
-sim::SimLayout layout_from(const SimulateArgs& args) {
+sim::SimLayout layout_from(const SimulateArgs& args, const sim::ClusterSpec& cluster) {
   sim::SimLayout l;
   l.gpus = args.gpus;
   l.tp = args.tp.value_or(1);
@@ -103,6 +104,7 @@ sim::SimLayout layout_from(const SimulateArgs& args) {
   l.reduce_bucket_size = args.reduce_bucket_size;
   l.allgather_bucket_size = args.allgather_bucket_size;
   l.persistence_threshold = args.persistence_threshold;
+  l.overlap_comm = args.overlap_comm.value_or(!cluster.calibration);
   return l;
 }
 
@@ -151,8 +153,7 @@ void run_scenario(const SimulateArgs& args) {
   base.gas = s.value("gas", int64_t{1});
   base.dtype = parse_sim_dtype(need("dtype").get<std::string>(), args.scenario + ": dtype");
   base.activation_checkpointing = s.value("activation_checkpointing", false);
-  sim::TimeOptions time;
-  time.overlap_comm = args.overlap_comm;
+  base.overlap_comm = args.overlap_comm.value_or(!cluster.calibration);
 
   std::vector<sim::SimResult> variants;
   std::vector<std::string> names;
@@ -163,13 +164,13 @@ void run_scenario(const SimulateArgs& args) {
                       "{}: every variant needs 'name', 'tp' and 'zero_stage'", args.scenario);
     l.tp = v["tp"].get<int>();
     l.zero_stage = v["zero_stage"].get<int>();
-    variants.push_back(sim::simulate(model, cluster, l, time));
+    variants.push_back(sim::simulate(model, cluster, l));
     names.push_back(v["name"].get<std::string>());
     auto j = variants.back().to_json();
     j["name"] = names.back();
     out.push_back(j);
   }
-  auto all = sim::sweep(model, cluster, base, time);
+  auto all = sim::sweep(model, cluster, base);
   if (args.json) {
     std::cout << json{{"name", s.value("name", "")}, {"variants", out}}.dump(2) << "\n";
   } else if (args.markdown.empty()) {
@@ -192,21 +193,22 @@ void run_scenario(const SimulateArgs& args) {
   if (s.contains("assumptions")) md += fmt::format("- assumptions: {}\n", s["assumptions"].get<std::string>());
   md += "\n## Variants\n\n| variant | tp | dp | ZeRO | params | grads | master | optimizer | activations | comm "
         "buffers | transient grads | optimizer temporaries | peak / GPU (phase) | fits | compute | tp comm "
-        "| ZeRO comm | step | tokens/s | MFU |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "| ZeRO comm | hidden comm | step | tokens/s | MFU |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < variants.size(); ++i) {
     const auto& r = variants[i];
     const auto& m = r.memory;
     md += fmt::format(
         "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms | {:.0f} "
-        "ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
+        "ms | {:.0f} ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
         names[i], r.layout.tp, r.layout.dp(), r.layout.zero_stage, sim::format_bytes(m.states.params),
         sim::format_bytes(m.states.grads), sim::format_bytes(m.states.master_weights),
         sim::format_bytes(m.states.optimizer_states), sim::format_bytes(m.activations),
         sim::format_bytes(m.comm_buffers), sim::format_bytes(m.transient_grads),
         sim::format_bytes(m.optimizer_temporaries), sim::format_bytes(m.total),
         m.peak_phase == "optimizer" ? "optimizer" : "fwd/bwd", r.fits ? "yes" : "**no**", r.time.compute_s * 1e3,
-        r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.step_s * 1e3, r.tokens_per_s, 100 * r.mfu);
+        r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.overlap_s * 1e3, r.time.step_s * 1e3,
+        r.tokens_per_s, 100 * r.mfu);
   }
   md += fmt::format("\nUsable memory per GPU: {} ({} less {} reserved). Peak = the larger of the forward/backward "
                     "phase and the optimizer phase.\n",
@@ -250,11 +252,12 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   a.tp = lay.at("tp").get<int>();
   a.zero = lay.at("zero_stage").get<int>();
   a.dtype = lay.at("dtype").get<std::string>();
+  a.overlap_comm = lay.value("overlap_comm", false);  // files from before overlap ran synchronously
   // The first step pays one-time costs (allocations, thread pools): the median of the rest.
   const size_t first = lines.size() > 1 ? 1 : 0;
   // Simulated at the steal the host took during those steps (cpu-local), unless --host-steal says otherwise.
   if (cluster.calibration && !args.host_steal) cluster.host_steal_fraction = run_steal_fraction(lines, first);
-  auto result = sim::simulate(model, cluster, layout_from(a), {});
+  auto result = sim::simulate(model, cluster, layout_from(a, cluster));
   std::vector<double> times;
   for (size_t i = first; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
   std::sort(times.begin(), times.end());
@@ -302,10 +305,8 @@ void run(const SimulateArgs& args) {
   }
   auto model = sim::resolve_sim_model(args.model);
   auto cluster = cluster_from(args, args.cluster);
-  sim::TimeOptions time;
-  time.overlap_comm = args.overlap_comm;
   if (args.sweep) {
-    auto results = sim::sweep(model, cluster, layout_from(args), time);
+    auto results = sim::sweep(model, cluster, layout_from(args, cluster));
     if (args.json) {
       json list = json::array();
       for (const auto& r : results) list.push_back(r.to_json());
@@ -318,7 +319,7 @@ void run(const SimulateArgs& args) {
     if (!args.markdown.empty()) write_output(args.markdown, sim::markdown_sweep(results));
     return;
   }
-  auto result = sim::simulate(model, cluster, layout_from(args), time);
+  auto result = sim::simulate(model, cluster, layout_from(args, cluster));
   if (args.json)
     std::cout << result.to_json().dump(2) << "\n";
   else
@@ -354,8 +355,9 @@ void register_simulate(CLI::App& app) {
                 "Recompute every layer in the backward (= --recompute full)");
   cmd->add_option("--recompute", args->recompute, "Activation recomputation: off | selective | full (default off)")
       ->check(CLI::IsMember({"off", "selective", "full"}));
-  cmd->add_flag("--overlap-comm", args->overlap_comm,
-                "Model ZeRO communication hidden behind the backward (the engine does not overlap)");
+  cmd->add_option("--overlap-comm", args->overlap_comm,
+                  "zero_optimization.overlap_comm of the run: ZeRO collectives behind compute, stage-3 prefetch "
+                  "(default as the engine: true on GPU clusters, false on cpu-local)");
   cmd->add_option("--inter-node-bw", args->inter_node_bw, "Per-GPU inter-node bandwidth in GB/s (multi-node)");
   cmd->add_option("--host-steal", args->host_steal,
                   "cpu-local: share of the CPU the host takes (/proc/stat steal, 0-0.95; default 0, with --measured "

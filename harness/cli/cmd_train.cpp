@@ -126,7 +126,8 @@ void register_train(CLI::App& app) {
       if (topology->rank() != 0) continue;
       nlohmann::json line = m.to_json();
       line["layout"] = {{"tp", topology->tp_size()}, {"dp", topology->dp_size()}, {"zero_stage", config.zero.stage},
-                        {"world", topology->world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())}};
+                        {"world", topology->world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())},
+                        {"overlap_comm", config.zero.overlaps(trainer.model().device().is_cuda())}};
       nlohmann::json ranks = nlohmann::json::array();
       for (int r = 0; r < topology->world_size(); ++r) {
         auto row = all[r];

@@ -253,7 +253,9 @@ class Runner {
               {"micro_batch", v.config.train_micro_batch_size_per_gpu},
               {"gradient_accumulation_steps", v.config.gradient_accumulation_steps},
               {"train_batch_size", v.config.train_batch_size},
-              {"activation_checkpointing", v.config.activation_checkpointing.mode}}},
+              {"activation_checkpointing", v.config.activation_checkpointing.mode},
+              // "auto": on when the run trains on CUDA
+              {"overlap_comm", v.config.zero.overlap_comm ? json(*v.config.zero.overlap_comm) : json("auto")}}},
             {"config", v.ds_config},
             {"status", "not_run"},
             {"error", ""}};

@@ -118,10 +118,16 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
 
   // Forward / backward phase: the largest of the moments below, each the model
   // states + what is alive then. Stage 3 holds the unit in use (gathered
-  // straight into its buffer); stages 2-3 reduce a unit when its backward ends.
+  // straight into its buffer) and, with overlap_comm, the next use's units
+  // prefetched; stages 2-3 reduce a unit when its backward ends, with
+  // overlap_comm behind the next unit's backward (its bucket and reduced slice
+  // in flight meanwhile; completed before the next bucket is filled).
   const bool sharded = stage == 3 && dp > 1;
   const bool reduces = stage >= 2;
+  const bool overlap = layout.overlap_comm && dp > 1;
   auto held = [&](int64_t n) { return sharded ? a * n : 0; };
+  auto ahead = [&](int64_t n) { return sharded && overlap ? a * n : 0; };
+  auto in_flight = [&](int64_t n) { return reduces && overlap ? a * n + 4 * n / dp : 0; };
   // A unit's reduction: its gradients, their contiguous copy (not for a
   // one-tensor unit: its gradient is the bucket) and the reduced slice (fp32).
   auto reduction = [&](int64_t n, bool one_tensor) {
@@ -130,27 +136,49 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const bool embed_alone = config.family != ModelFamily::kGpt2;
   const bool head_alone =
       stage == 3 && config.family != ModelFamily::kGpt2 && layout.persistence_threshold > config.hidden_size;
-  const int64_t head_moment = std::max(kept + p.head_forward, kept + p.head_backward) + held(head_use);
-  const int64_t layer_moment = layer_peak + held(max_layer);
+  // The head's backward prefetches the last layer; the last layer's forward the head.
+  const int64_t head_moment = std::max(kept + p.head_forward, kept + p.head_backward + ahead(max_layer)) + held(head_use);
+  // In the first layer backward the head's reduction is in flight; in the later
+  // ones a layer's, with one layer's activations fewer.
+  const int64_t one_layer = layout.recompute() ? p.layer_input : p.per_layer;
+  const int64_t layer_moment =
+      std::max({layer_peak + held(max_layer) + ahead(max_layer) + in_flight(config.tie_word_embeddings ? 0 : head),
+                layer_peak - one_layer + held(max_layer) + ahead(max_layer) + in_flight(max_layer),
+                kept + held(max_layer) + ahead(head_use)});
   // A unit is released before its gradients are reduced, once its backward is
   // done (a layer's own activations are gone by then).
-  const int64_t layer_reduce =
-      kept - (layout.recompute() ? p.layer_input : p.per_layer) + reduction(max_layer, false);
-  const int64_t head_reduce = config.tie_word_embeddings ? 0 : kept + reduction(head, head_alone);
+  const int64_t layer_reduce = kept - one_layer + reduction(max_layer, false) + ahead(max_layer);
+  // The head's backward has prefetched the last layer by the time its gradients are reduced.
+  const int64_t head_reduce =
+      config.tie_word_embeddings ? 0 : kept + reduction(head, head_alone) + ahead(max_layer);
   const int64_t embed_reduce = p.outer + reduction(embed, embed_alone);  // the backward's end
   const int64_t fb = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce});
   const int64_t transient_grads = reduces ? reduction(std::max({max_layer, head, embed}), false) : 0;
-  const int64_t gathered = sharded ? a * std::max({max_layer, head_use, embed}) : 0;
+  const int64_t gathered =
+      sharded ? a * std::max({max_layer, head_use, embed}) + ahead(std::max(max_layer, head_use)) : 0;
   m.forward_backward_peak = m.states.total() + fb + data;
 
   // Optimizer phase: the norm's fp64 chunk, the update's fp32 chunk; stages 1-2
-  // gather the updated partitions unit by unit (a fresh all-gather output each),
-  // stage 1 first reduce-scatters every unit (its receive buffer).
+  // gather the updated partitions unit by unit (in place; through one bucket
+  // buffer when a unit exceeds allgather_bucket_size), stage 1 first
+  // reduce-scatters every unit, two at a time (their received slices; 16-bit
+  // ones are summed in fp32 and converted).
   const int64_t part = flat.part;
   const int64_t norm_temporaries = 8 * std::min(part, kGradNormChunk);
   const int64_t update_temporaries = mixed ? 4 * std::min<int64_t>(part, int64_t{1} << 22) : 0;
   const int64_t largest_unit = std::max({max_layer, head, embed});
-  const int64_t unit_comm = (stage == 1 || stage == 2) && dp > 1 ? a * largest_unit : 0;
+  const int64_t unit_slice = largest_unit / std::max(dp, 1);
+  const int64_t gather_columns =
+      std::clamp<int64_t>(std::max<int64_t>(1, layout.allgather_bucket_size) / std::max(dp, 1), 1,
+                          std::max<int64_t>(unit_slice, 1));
+  const int64_t gather_comm =
+      (stage == 1 || stage == 2) && dp > 1 && gather_columns < unit_slice ? a * dp * gather_columns : 0;
+  // Stage 1 reduces the accumulated gradients (fp32 with fp32 accumulation);
+  // 16-bit ones are summed in fp32 and converted; two in flight with overlap.
+  const int64_t grad_bytes = accumulate32 ? 4 : a;
+  const int64_t reduce_comm =
+      stage == 1 && dp > 1 ? (overlap ? 2 : 1) * grad_bytes * unit_slice + (grad_bytes < 4 ? 6 * unit_slice : 0) : 0;
+  const int64_t unit_comm = std::max(gather_comm, reduce_comm);
   const int64_t base = m.states.total() + data;
   const int64_t temporaries = std::max(norm_temporaries, update_temporaries);
   m.optimizer_peak = base + std::max(temporaries, unit_comm);

@@ -36,6 +36,7 @@ struct SimLayout {
   int64_t reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;        // elements per gradient bucket
   int64_t allgather_bucket_size = ZeroConfig{}.allgather_bucket_size;  // elements per parameter gather
   int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
+  bool overlap_comm = true;  // ZeRO collectives behind compute, stage 3 prefetches a layer (the engine on CUDA)
   int dp() const { return gpus / tp; }
   bool recompute() const { return activation_checkpointing; }
 };

@@ -50,7 +50,8 @@ nlohmann::json SimResult::to_json() const {
             {"dtype", dtype_label(layout.dtype)},
             {"activation_checkpointing", layout.activation_checkpointing},
             {"recompute", layout.recompute()},
-            {"optimizer", layout.optimizer.type}}},
+            {"optimizer", layout.optimizer.type},
+            {"overlap_comm", layout.overlap_comm}}},
           {"capacity_bytes", capacity_bytes},
           {"usable_bytes", usable_bytes},
           {"model_flops_per_step", time.model_flops},
@@ -79,8 +80,7 @@ void validate_layout(const ModelConfig& config, const ClusterSpec& cluster, cons
                       "--dtype fp16 cannot run on cpu-local (LibTorch has no float16 matmul on CPU; allowed: bf16, fp32)");
 }
 
-SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& layout,
-                   const TimeOptions& options) {
+SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& layout) {
   validate_layout(model.config, cluster, layout);
   SimResult r;
   r.model = model.label;
@@ -92,7 +92,7 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
   for (int rank = 0; rank < layout.tp; ++rank) {
     const RankShape shape = rank_shape(model.config, plan, rank);
     MemoryEstimate m = estimate_memory(model.config, shape, layout);
-    TimeEstimate t = estimate_time(model.config, shape, layout, cluster, options);
+    TimeEstimate t = estimate_time(model.config, shape, layout, cluster);
     if (rank == 0 || m.total > r.memory.total) r.memory = m;
     if (rank == 0 || t.step_s > r.time.step_s) r.time = t;
     r.rank_memory.push_back(m);
@@ -113,8 +113,7 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
   return r;
 }
 
-std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& base,
-                             const TimeOptions& options) {
+std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& base) {
   std::vector<SimResult> out;
   for (int tp = 1; tp <= base.gpus; ++tp) {
     if (base.gpus % tp != 0 || tp > model.config.num_heads) continue;
@@ -122,7 +121,7 @@ std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& clus
       SimLayout l = base;
       l.tp = tp;
       l.zero_stage = stage;
-      out.push_back(simulate(model, cluster, l, options));
+      out.push_back(simulate(model, cluster, l));
     }
   }
   std::stable_sort(out.begin(), out.end(), [](const SimResult& a, const SimResult& b) {
@@ -179,15 +178,15 @@ std::string format_sweep(const std::vector<SimResult>& results) {
 
 std::string markdown_sweep(const std::vector<SimResult>& results) {
   std::string s =
-      "| tp | dp | ZeRO | model states | activations | peak / GPU | fits | compute | tp comm | ZeRO comm | step | "
-      "tokens/s | MFU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "| tp | dp | ZeRO | model states | activations | peak / GPU | fits | compute | tp comm | ZeRO comm | hidden | "
+      "step | tokens/s | MFU |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results)
-    s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.0f} | "
-                     "{:.1f}% |\n",
+    s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.1f} ms | {:.1f} ms | "
+                     "{:.0f} | {:.1f}% |\n",
                      r.layout.tp, r.layout.dp(), r.layout.zero_stage, format_bytes(r.memory.states.total()),
                      format_bytes(r.memory.activations), format_bytes(r.memory.total), r.fits ? "yes" : "**no**",
-                     r.time.compute_s * 1e3, r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.step_s * 1e3,
-                     r.tokens_per_s, 100 * r.mfu);
+                     r.time.compute_s * 1e3, r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.overlap_s * 1e3,
+                     r.time.step_s * 1e3, r.tokens_per_s, 100 * r.mfu);
   return s;
 }
 

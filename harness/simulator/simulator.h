@@ -36,13 +36,11 @@ struct SimResult {
 // Checks the layout against model and cluster (UserError naming the flag and the allowed values).
 void validate_layout(const ModelConfig& config, const ClusterSpec& cluster, const SimLayout& layout);
 
-SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& layout,
-                   const TimeOptions& options = {});
+SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& layout);
 
 // Every (tp, stage) for layout.gpus: tp dividing the GPUs and at most the heads, stages 0-3;
 // sorted by tokens/s (fitting layouts first).
-std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& base,
-                             const TimeOptions& options = {});
+std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& base);
 
 // Human-readable reports.
 std::string format_result(const SimResult& r);

@@ -181,7 +181,7 @@ std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, 
 }
 
 TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const SimLayout& l,
-                           const ClusterSpec& c, const TimeOptions& options) {
+                           const ClusterSpec& c) {
   TimeEstimate t;
   const bool sixteen = l.dtype != torch::kFloat32;
   const int64_t a = static_cast<int64_t>(c10::elementSize(l.dtype));
@@ -262,7 +262,8 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
     }
   }
 
-  // ZeRO / data-parallel communication per step.
+  // ZeRO / data-parallel communication per step; what overlap_comm can hide.
+  double behind_forward = 0, behind_backward = 0, behind_update = 0;
   const GroupScope dp_scope = l.gpus > c.gpus_per_node ? GroupScope::kInterNode : GroupScope::kIntraNode;
   const GroupScope world_scope = dp_scope;
   if (dp > 1) {
@@ -288,8 +289,11 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
                         : z.op == ZeroCollective::Op::kAllReduce ? CollectiveOp::kAllReduce
                         : c.native_reduce_scatter                ? CollectiveOp::kReduceScatter
                                                                  : CollectiveOp::kAllReduce;
-      zero += z.calls * collective_seconds(c, op, static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
-      zero += z.calls * (z.layer_gather ? between_layers : 0);
+      const double seconds = z.calls * collective_seconds(c, op, static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
+      zero += seconds + z.calls * (z.layer_gather ? between_layers : 0);
+      if (z.behind == ZeroCollective::Behind::kForward) behind_forward += seconds;
+      if (z.behind == ZeroCollective::Behind::kBackward) behind_backward += seconds;
+      if (z.behind == ZeroCollective::Behind::kUpdate) behind_update += seconds;
       calls += z.calls;
     }
     zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
@@ -301,10 +305,15 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
     t.zero_collectives += 1;
   }
 
-  if (options.overlap_comm) {
-    // An overlapping engine hides gradient reduction and stage-3 gathers behind
-    // the backward (about two thirds of the compute); tp traffic stays exposed.
-    t.overlap_s = std::min(t.zero_comm_s, (t.gemm_s + t.elementwise_s) * 2.0 / 3.0);
+  if (l.overlap_comm && !c.calibration) {
+    // A collective on the lane hides behind the compute it runs beside, up to
+    // that compute (tp traffic stays exposed): the forward is a third of the
+    // forward + backward work (a quarter with recomputation, which runs in the
+    // backward). cpu-local has no such time: its shared-memory collectives are
+    // copies and sums on the cores that compute.
+    const double fb = t.gemm_s + t.elementwise_s, forward = fb / (l.recompute() ? 4 : 3);
+    t.overlap_s = std::min(behind_forward, forward) + std::min(behind_backward, fb - forward) +
+                  std::min(behind_update, t.optimizer_s);
   }
   if (c.calibration && c.host_steal_fraction > 0) {  // cpu-local on a host that takes part of the CPU
     const double stretch = 1 / (1 - c.host_steal_fraction);

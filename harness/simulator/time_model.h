@@ -5,8 +5,9 @@
 // issues (tp: row-layer all-reduces in the forward, column-layer input-gradient
 // all-reduces in the backward, vocab-parallel embedding / cross-entropy; ZeRO:
 // bucketed gradient reduction, partition all-gathers, stage-3 layer gathers).
-// The engine overlaps nothing, so overlap is 0 unless `overlap_comm` asks what
-// an overlapping engine would gain (ZeRO traffic hidden behind the backward).
+// With the layout's overlap_comm (the engine's default), ZeRO collectives the
+// engine runs on its lane hide behind the compute beside them (zero_traffic.h),
+// up to that compute; not on cpu-local, where communication uses the same cores.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -29,10 +30,6 @@ enum class GroupScope { kIntraNode, kInterNode };
 double collective_seconds(const ClusterSpec& cluster, CollectiveOp op, double bytes, int group, GroupScope scope);
 double gemm_seconds(const ClusterSpec& cluster, const GemmShape& shape, bool sixteen_bit);
 
-struct TimeOptions {
-  bool overlap_comm = false;  // model ZeRO communication hidden behind the backward (the engine does not)
-};
-
 struct TimeEstimate {
   double compute_s = 0;
   double tp_comm_s = 0;
@@ -53,7 +50,7 @@ std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, 
                                                      const SimLayout& layout);
 
 TimeEstimate estimate_time(const ModelConfig& config, const RankShape& shape, const SimLayout& layout,
-                           const ClusterSpec& cluster, const TimeOptions& options = {});
+                           const ClusterSpec& cluster);
 
 // Elements one ZeRO-3 gather of the flat span `range` moves over `dp` ranks of a
 // `padded`-element buffer: Comm::all_gather pads every rank's block to the largest

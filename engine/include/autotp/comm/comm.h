@@ -4,12 +4,17 @@
 // NCCL, CUDA tensors' collectives are ordered on the current stream instead (the
 // host does not wait for the GPU), and CPU tensors still go through Gloo.
 // Not thread safe: one caller per Comm. Operations are not recorded by autograd
-// (see autograd_collectives.h). On a size-1 group all_gather and reduce_scatter
+// (see autograd_collectives.h). The start_* collectives return at once and run
+// on the group's lane (comm_lane.h) for CPU tensors or on NCCL's stream for CUDA
+// tensors; a synchronous call first waits for the lane, so a group's
+// collectives always run in the order they were issued. On a size-1 group all_gather and reduce_scatter
 // return their argument itself; otherwise results are fresh tensors.
 #pragma once
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
@@ -21,6 +26,9 @@ namespace autotp {
 enum class ReduceOp { kSum, kMax, kMin };
 
 class SharedMemoryTransport;  // comm/shared_memory_transport.h
+class CommLane;               // comm/comm_lane.h
+class LaneJob;
+class Comm;
 
 // Counts what went through a Comm (benchmarks and communication-volume checks).
 struct CommStats {
@@ -28,9 +36,29 @@ struct CommStats {
   int64_t all_gather_calls = 0, all_gather_bytes = 0;          // bytes of the gathered output
   int64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;  // bytes of the full input
   int64_t broadcast_calls = 0, broadcast_bytes = 0;
-  double seconds = 0;  // wall time spent inside counted collectives (the communication share of a step)
+  double seconds = 0;        // wall time the caller spent blocked in collectives (exposed communication)
+  double async_seconds = 0;  // wall time started collectives ran on the lane (hidden or not)
   int64_t calls() const { return all_reduce_calls + all_gather_calls + reduce_scatter_calls + broadcast_calls; }
   int64_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes; }
+};
+
+// A collective started by Comm::start_*: its tensors must stay untouched until
+// wait() returns. wait() blocks until it has run (with NCCL: orders the current
+// stream after it), adds the blocked time to the group's exposed communication
+// and rethrows a failure naming the op and the group. Waiting twice is a no-op;
+// a default CommWork has nothing pending. Must not outlive its Comm.
+class CommWork {
+ public:
+  CommWork() = default;
+  void wait();
+  bool pending() const { return job_ != nullptr || work_.defined(); }
+
+ private:
+  friend class Comm;
+  Comm* comm_ = nullptr;
+  const char* op_ = "";
+  std::shared_ptr<LaneJob> job_;         // CPU tensors: a job on the group's lane
+  c10::intrusive_ptr<c10d::Work> work_;  // CUDA tensors on NCCL
 };
 
 class Comm {
@@ -42,6 +70,7 @@ class Comm {
   // CUDA tensors in `group` (create_process_group's backend).
   Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name,
        Backend backend = Backend::kGloo);
+  ~Comm();  // waits for this group's started collectives
 
   int rank() const { return rank_; }  // rank within this group
   int size() const { return size_; }
@@ -57,7 +86,8 @@ class Comm {
                            const std::vector<int64_t>& sizes = {});
   // all_gather of equal 1-D blocks straight into `out` (contiguous, size() x
   // local.numel() elements; rank r's block at r * local.numel()), without the
-  // fresh result tensor. `local` must not lie inside `out`.
+  // fresh result tensor. `local` may be exactly this rank's block of `out` (in
+  // place); any other overlap is an error.
   void all_gather_into(torch::Tensor& out, const torch::Tensor& local);
   // Sums `full` over ranks and returns this rank's chunk along dim 0 (`sizes`:
   // every rank's chunk length; empty = equal chunks). NCCL (CUDA tensors) runs
@@ -72,8 +102,18 @@ class Comm {
   void reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full);
   void barrier();
 
-  const CommStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  // all_gather_into and reduce_scatter_into started asynchronously (same
+  // arguments, checks and results; the tensors are held until the work is
+  // waited). On a size-1 group they complete before returning.
+  CommWork start_all_gather_into(const torch::Tensor& out, const torch::Tensor& local);
+  CommWork start_reduce_scatter_into(const torch::Tensor& out, const torch::Tensor& full);
+  // Blocks until every collective started on this group's lane has run.
+  void wait_all();
+  // Comms over the same process group must share one lane (Topology does this).
+  void share_lane_with(const Comm& other);
+
+  CommStats stats() const;
+  void reset_stats();
 
   // All-reduces, all-gathers and reduce-scatters of CPU tensors of this group go
   // through `transport` (every member on this host, see shared_memory_transport.h)
@@ -92,6 +132,17 @@ class Comm {
   void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
   // Both all-gathers: `input` (this rank's block) into row r of `stacked` on every rank.
   void gather_blocks(const torch::Tensor& input, torch::Tensor& stacked, bool settle);
+  // reduce_scatter without the checks and the counting (also run on the lane).
+  torch::Tensor reduce_scatter_rows(const torch::Tensor& full, const std::vector<int64_t>& extents);
+  // reduce_scatter_into's collective, written into `out`.
+  void reduce_scatter_chunk(const torch::Tensor& out, const torch::Tensor& full);
+  void check_into(const char* op, const torch::Tensor& out, const torch::Tensor& in, bool gather) const;
+  // Runs `body` on the lane (CPU) and returns its work; `op` names it in errors.
+  CommWork post(const char* op, std::function<void()> body);
+  // Starts one c10d op on NCCL (CUDA tensors) on this thread; CommWork orders the stream at its wait.
+  template <typename Start>
+  CommWork start_on_nccl(const char* op, Start&& start);
+  friend class CommWork;
   torch::Tensor reduce_scatter_nccl(const torch::Tensor& full, const std::vector<int64_t>& extents);
   torch::Tensor reduce_scatter_shared_memory(const torch::Tensor& full, const std::vector<int64_t>& extents);
   // True when `tensor`'s collectives run on NCCL (a CUDA tensor in an NCCL group).
@@ -104,7 +155,9 @@ class Comm {
   int rank_ = 0;
   int size_ = 1;
   CommStats stats_;
+  std::shared_ptr<std::atomic<int64_t>> async_ns_ = std::make_shared<std::atomic<int64_t>>(0);
   std::shared_ptr<SharedMemoryTransport> shm_;
+  std::shared_ptr<CommLane> lane_;
 };
 
 }  // namespace autotp

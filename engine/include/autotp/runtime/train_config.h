@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,9 +49,13 @@ struct ZeroConfig {
   int stage = 0;                                    // 0 (plain data parallel) .. 3
   int64_t reduce_bucket_size = 500000000;           // elements per gradient reduction (all-reduce / reduce-scatter)
   int64_t allgather_bucket_size = 500000000;        // elements per parameter all-gather
-  bool overlap_comm = false;                        // accepted; collectives run synchronously (docs/memory.md)
+  // dp collectives on a background lane, waited before use (docs/memory.md);
+  // unset: on when training on CUDA, off on CPU (there the lane competes with
+  // compute for the same cores and gains nothing).
+  std::optional<bool> overlap_comm;
+  bool overlaps(bool cuda) const { return overlap_comm.value_or(cuda); }
   bool contiguous_gradients = true;                 // accepted; buckets are always contiguous copies
-  int64_t stage3_prefetch_bucket_size = 50000000;   // accepted; no prefetch yet (docs/memory.md)
+  int64_t stage3_prefetch_bucket_size = 50000000;   // > 0: stage 3 gathers the next layer ahead (one use); 0: off
   int64_t stage3_param_persistence_threshold = 100000;  // stage 3: tensors below this many elements stay whole
   bool gather_16bit_weights_on_model_save = false;  // stage 3: also save gathered 16-bit weights
 };

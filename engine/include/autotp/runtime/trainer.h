@@ -33,9 +33,11 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double forward_backward_s = 0;  // data check, forward and backward of every micro-batch
   double optimizer_s = 0;         // reduction, norm, clipping, update, redistribution
-  // Host seconds inside this rank's collectives (tp, dp, world) in each phase.
-  // Collectives are synchronous, so all of it is exposed (not overlapped).
+  // Host seconds this rank was blocked in collectives (tp, dp, world) in each
+  // phase: the exposed communication. Started collectives count only for the
+  // time their wait blocked; the time they ran on the groups' lanes is comm_async_s.
   double comm_forward_backward_s = 0, comm_optimizer_s = 0;
+  double comm_async_s = 0;
   HostCpuTimes host_cpu;          // the whole machine's CPU time during the step (busy, stolen by the host)
   ModelStateBytes model_states;            // this rank
   ModelStateBytes model_states_analytic;   // the formula for this rank

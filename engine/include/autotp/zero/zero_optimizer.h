@@ -20,9 +20,20 @@
 // accumulate in fp32 instead (docs/memory.md). Gradients of kv slices shared by
 // several tp ranks are summed over them first; the global gradient norm counts
 // every logical element once (TpPlan ownership across tp, partitions across
-// dp) from precomputed ranges, without a mask. Not thread safe.
+// dp) from precomputed ranges, without a mask.
+// Overlap (zero_optimization.overlap_comm; default on CUDA): at stages 2-3 a unit's
+// gradient reduce-scatter runs on the dp group's lane while the backward goes
+// on (waited when the next unit's starts, so at most two are in flight); at
+// stage 3 the next use's units are gathered while the current one computes
+// (stage3_prefetch_bucket_size > 0): forward prefetches the next layer,
+// backward the previous one. The collectives and their order are the same
+// with or without overlap, so the results are bit-identical. Not thread safe.
 #pragma once
 #include <torch/torch.h>
+
+#include <deque>
+#include <functional>
+#include <map>
 
 #include "autotp/comm/topology.h"
 #include "autotp/model/causal_lm.h"
@@ -123,20 +134,34 @@ class ZeroOptimizer {
   // This rank's pieces of a flat-buffer-sized tensor as one [part] tensor of `dtype`, and back.
   torch::Tensor partition_copy(const torch::Tensor& flat, torch::ScalarType dtype) const;
   void write_partition(const torch::Tensor& part, torch::Tensor& flat) const;
+  // Started collectives and what runs once they have finished (on this thread):
+  // `finish` when all succeeded, `release` (buffers, memory tags) in any case.
+  struct InFlight {
+    std::vector<CommWork> works;
+    std::function<void()> finish, release;
+    void complete();
+  };
   // Reduce-scatters a unit-sized tensor over dp in buckets of reduce_bucket_size
-  // and adds (or copies) this rank's slice into `out`.
-  void reduce_scatter_unit(const torch::Tensor& unit_values, torch::Tensor out, bool accumulate);
-  // All-gathers every rank's slice `local` of a unit into `unit_values` in buckets of allgather_bucket_size.
-  void all_gather_unit(const torch::Tensor& local, torch::Tensor unit_values);
+  // and adds (or copies) this rank's slice into `out` when completed.
+  InFlight start_reduce_scatter_unit(const torch::Tensor& unit_values, torch::Tensor out, bool accumulate);
+  // All-gathers every rank's slice `local` of a unit into `unit_values` in
+  // buckets of allgather_bucket_size; complete before reading unit_values.
+  InFlight start_all_gather_unit(const torch::Tensor& local, torch::Tensor unit_values);
+  void all_gather_unit(const torch::Tensor& local, torch::Tensor unit_values) {
+    start_all_gather_unit(local, std::move(unit_values)).complete();
+  }
+  void finish_in_flight(size_t keep);  // completes the oldest of in_flight_ until `keep` are left
   // Stages 2-3: moves the unit's parameter gradients into one buffer, reduce-scatters it into the partition.
   void reduce_unit_grads(int unit);
-  void acquire_unit(int unit);  // stage 3: gather (counted)
+  void acquire_unit(int unit);  // stage 3: gather (counted), or complete its prefetch
+  void prefetch_use(int64_t use);  // stage 3: starts gathering the use's units not yet held
   void release_unit(int unit);
   void release_pins();
   void release_stale_units();  // stage 3: frees units still held outside a use
   void install_hooks();
   // After the partition changed: low-precision copies and the other dp ranks' views follow.
   void redistribute_params();
+  void redistribute_piece(const PartitionPiece& piece);  // stages 1-2: one unit's share; its gather started
   void sync_shared_grads(torch::Tensor& flat);
   void compute_norm_ranges();
 
@@ -149,6 +174,8 @@ class ZeroOptimizer {
   torch::ScalarType low_;
   bool mixed_;
   bool fp32_accum_;  // 16-bit training with gradient accumulation: gradients accumulate in fp32
+  bool overlap_;     // collectives started on the lane, waited just before their results are needed
+  bool prefetch_;    // stage 3: gather the next use's units ahead
   FlatLayout layout_;
   std::vector<PartitionPiece> pieces_;             // this dp rank's partition
   ZeroUnits ids_;
@@ -161,6 +188,8 @@ class ZeroOptimizer {
   std::vector<torch::Tensor> unit_buffers_;  // stage 3: per unit, its whole buffer (storage freed when released)
   std::vector<int> gathered_;                // stage 3: holders per unit
   bool pinned_ = false;                      // stage 3: gather_all_params holds every unit
+  std::map<int, InFlight> prefetched_;       // stage 3: units being gathered ahead of their use
+  std::deque<InFlight> in_flight_;           // unit reduce-scatters / gathers in flight (at most two)
   torch::Tensor flat_grads_;   // stages 0-1: model dtype, what autograd accumulates into
   torch::Tensor grad_accum_;   // stages 0-1 with fp32 accumulation
   torch::Tensor grad_part_;    // stages 2-3: the reduced partition (model dtype, fp32 with fp32 accumulation)

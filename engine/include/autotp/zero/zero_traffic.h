@@ -12,11 +12,20 @@ namespace autotp {
 
 struct ZeroCollective {
   enum class Op { kAllReduce, kAllGather, kReduceScatter };
+  // What the collective can run behind when overlap_comm is on (zero_optimizer.h):
+  // the forward compute (stage-3 gathers prefetched there), the backward
+  // compute (stage 2-3 reductions of the layers above layer 0 and of an untied
+  // head, stage-3 layer gathers prefetched there), the optimizer's update of the
+  // next unit (stage 1-2 gathers but the last), or nothing (waited at once:
+  // stage 0-1 reductions, reductions at the backward's end, the embeddings'
+  // gather, the head's backward gather, persistent tensors).
+  enum class Behind { kNothing, kForward, kBackward, kUpdate };
   Op op = Op::kAllReduce;
   int64_t calls = 0;
   int64_t bytes = 0;          // summed over the calls (all-gather: the gathered output; else the input)
   bool layer_gather = false;  // stage 3: a decoder layer's gather in the forward or the backward
   std::string what;
+  Behind behind = Behind::kNothing;
 };
 
 struct ZeroStepShape {
