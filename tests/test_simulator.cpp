@@ -299,7 +299,7 @@ TEST(SimulatorMemory, OverlapKeepsThePrefetchedLayerAndTheBucketInFlight) {
   const auto off = estimate_memory(model.config, shape, l);
   l.overlap_comm = true;
   const auto on = estimate_memory(model.config, shape, l);
-  const int64_t layer = 2 * (4 * 4096LL * 4096 + 3 * 4096LL * 11008 + 2 * 4096);  // bf16 bytes, padded by 8 below
+  const int64_t layer = 2 * (4 * 4096LL * 4096 + 3 * 4096LL * 11008 + 2 * 4096);  // one decoder layer, bf16 bytes
   EXPECT_GT(on.total - off.total, layer);      // the prefetched layer and the bucket in flight
   EXPECT_LT(on.total - off.total, 3 * layer);
   EXPECT_EQ(on.states.total(), off.states.total());

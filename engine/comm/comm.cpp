@@ -88,9 +88,7 @@ class Stopwatch {
 
 Comm::Comm() : global_ranks_{0} {}
 
-Comm::~Comm() {
-  if (lane_) lane_->drain();
-}
+Comm::~Comm() { wait_all(); }
 
 CommStats Comm::stats() const {
   CommStats stats = stats_;

@@ -410,6 +410,21 @@ void ZeroOptimizer::prefetch_use(int64_t use) {
   }
 }
 
+bool ZeroOptimizer::take_prefetched(int unit) {
+  auto ahead = prefetched_.find(unit);
+  if (ahead == prefetched_.end()) return false;
+  InFlight flight = std::move(ahead->second);
+  prefetched_.erase(ahead);
+  gathered_[unit] = 1;  // storage and memory tag came with the prefetch
+  try {
+    flight.complete();
+  } catch (...) {
+    release_unit(unit);
+    throw;
+  }
+  return true;
+}
+
 void ZeroOptimizer::acquire_unit(int unit) {
   if (unit == layout_.whole_unit) return;
   if (gathered_[unit] > 0) {
@@ -417,19 +432,8 @@ void ZeroOptimizer::acquire_unit(int unit) {
     return;
   }
   torch::NoGradGuard no_grad;
+  if (take_prefetched(unit)) return;
   const torch::Tensor& buffer = unit_buffers_[unit];
-  if (auto ahead = prefetched_.find(unit); ahead != prefetched_.end()) {
-    InFlight flight = std::move(ahead->second);
-    prefetched_.erase(ahead);
-    gathered_[unit] = 1;  // storage and memory tag came with the prefetch
-    try {
-      flight.complete();
-    } catch (...) {
-      release_unit(unit);
-      throw;
-    }
-    return;
-  }
   allocate_storage(buffer);
   try {
     const int64_t begin = layout_.units[unit].begin / layout_.dp;
@@ -449,15 +453,7 @@ void ZeroOptimizer::release_stale_units() {
   // Prefetches never used: their gathers finish before the storage goes.
   while (!prefetched_.empty()) {
     const int unit = prefetched_.begin()->first;
-    InFlight flight = std::move(prefetched_.begin()->second);
-    prefetched_.erase(prefetched_.begin());
-    gathered_[unit] += 1;
-    try {
-      flight.complete();
-    } catch (...) {
-      release_unit(unit);
-      throw;
-    }
+    take_prefetched(unit);
     release_unit(unit);
   }
   if (pinned_) return;

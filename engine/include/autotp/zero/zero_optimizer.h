@@ -155,6 +155,8 @@ class ZeroOptimizer {
   void reduce_unit_grads(int unit);
   void acquire_unit(int unit);  // stage 3: gather (counted), or complete its prefetch
   void prefetch_use(int64_t use);  // stage 3: starts gathering the use's units not yet held
+  // Stage 3: if `unit` is being prefetched, completes its gather and holds it once; false otherwise.
+  bool take_prefetched(int unit);
   void release_unit(int unit);
   void release_pins();
   void release_stale_units();  // stage 3: frees units still held outside a use
