@@ -70,6 +70,7 @@ AUTOTP_WORKER(simulator_memory) {
       layout.dtype = dtype;
       layout.optimizer = config.optimizer;
       layout.overlap_comm = config.zero.overlaps(/*cuda=*/false);  // as the engine trains here
+      layout.cuda = false;
       auto shape = sim::rank_shape(source.config, plan, topo->tp_rank());
       auto predicted = sim::estimate_memory(source.config, shape, layout);
       const std::string where = name + " tp " + std::to_string(tp) + " stage " + std::to_string(stage) + " rank " +

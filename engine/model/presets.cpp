@@ -76,6 +76,16 @@ std::vector<Preset> make_presets() {
   llama_1b["torch_dtype"] = "bfloat16";
   list.push_back({"llama-1b", "Llama-3.2-1B shapes (hidden 2048, 16 layers, GQA 32/8, vocab 128256): GPU benchmarks",
                   llama_1b});
+  // Llama-2-7b-hf's shapes (6.74 B parameters): the model the 7 B memory tables are
+  // about, for measuring them on one large GPU (ZeRO-0 needs about 100-111 GiB).
+  json llama2_7b = llama_config("LlamaForCausalLM", 32000, 4096, 11008, 32, 32, 32, false, "llama");
+  llama2_7b["max_position_embeddings"] = 4096;
+  llama2_7b["rms_norm_eps"] = 1e-5;
+  llama2_7b["bos_token_id"] = 1;
+  llama2_7b["eos_token_id"] = 2;
+  llama2_7b["torch_dtype"] = "bfloat16";
+  list.push_back({"llama2-7b", "Llama-2-7b-hf shapes (hidden 4096, 32 layers, 32 heads, vocab 32000): the 7 B memory "
+                  "tables measured on one large GPU", llama2_7b});
   json qwen = llama_config("Qwen2ForCausalLM", 259, 64, 176, 2, 4, 2, true, "qwen2");
   qwen.erase("attention_bias");
   qwen["use_sliding_window"] = false;

@@ -8,8 +8,9 @@ torch::Tensor masked_sum_of_squares(const torch::Tensor& values, const torch::Te
   torch::NoGradGuard no_grad;
   auto sum = torch::zeros({1}, values.options().dtype(torch::kFloat64));
   const int64_t n = values.numel();
-  for (int64_t begin = 0; begin < n; begin += kGradNormChunk) {
-    const int64_t length = std::min(kGradNormChunk, n - begin);
+  const int64_t chunk_size = grad_norm_chunk(values.is_cuda());
+  for (int64_t begin = 0; begin < n; begin += chunk_size) {
+    const int64_t length = std::min(chunk_size, n - begin);
     auto owned = (values.narrow(0, begin, length) * mask.narrow(0, begin, length)).to(torch::kFloat64);
     sum.add_(at::dot(owned, owned));
   }
@@ -21,8 +22,9 @@ torch::Tensor sum_of_squares(const torch::Tensor& values) {
   torch::NoGradGuard no_grad;
   auto sum = torch::zeros({1}, values.options().dtype(torch::kFloat64));
   const int64_t n = values.numel();
-  for (int64_t begin = 0; begin < n; begin += kGradNormChunk) {
-    auto chunk = values.narrow(0, begin, std::min(kGradNormChunk, n - begin)).to(torch::kFloat64);
+  const int64_t chunk_size = grad_norm_chunk(values.is_cuda());
+  for (int64_t begin = 0; begin < n; begin += chunk_size) {
+    auto chunk = values.narrow(0, begin, std::min(chunk_size, n - begin)).to(torch::kFloat64);
     sum.add_(at::dot(chunk, chunk));
   }
   return sum;

@@ -20,8 +20,6 @@ nlohmann::json ModelStateBytes::to_json() const {
 }
 
 namespace {
-// Elements the optimizer step upcasts to fp32 at a time (16 MiB of fp32).
-constexpr int64_t kUpdateChunk = int64_t{1} << 22;
 
 int64_t optimizer_state_count(const OptimizerConfig& o) {
   if (o.type == "SGD") return o.momentum != 0 ? 1 : 0;

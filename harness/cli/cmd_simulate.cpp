@@ -105,6 +105,7 @@ sim::SimLayout layout_from(const SimulateArgs& args, const sim::ClusterSpec& clu
   l.allgather_bucket_size = args.allgather_bucket_size;
   l.persistence_threshold = args.persistence_threshold;
   l.overlap_comm = args.overlap_comm.value_or(!cluster.calibration);
+  l.cuda = !cluster.calibration;
   return l;
 }
 
@@ -154,6 +155,7 @@ void run_scenario(const SimulateArgs& args) {
   base.dtype = parse_sim_dtype(need("dtype").get<std::string>(), args.scenario + ": dtype");
   base.activation_checkpointing = s.value("activation_checkpointing", false);
   base.overlap_comm = args.overlap_comm.value_or(!cluster.calibration);
+  base.cuda = !cluster.calibration;
 
   std::vector<sim::SimResult> variants;
   std::vector<std::string> names;

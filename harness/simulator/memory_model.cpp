@@ -164,8 +164,8 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   // reduce-scatters every unit, two at a time (their received slices; 16-bit
   // ones are summed in fp32 and converted).
   const int64_t part = flat.part;
-  const int64_t norm_temporaries = 8 * std::min(part, kGradNormChunk);
-  const int64_t update_temporaries = mixed ? 4 * std::min<int64_t>(part, int64_t{1} << 22) : 0;
+  const int64_t norm_temporaries = 8 * std::min(part, grad_norm_chunk(layout.cuda));
+  const int64_t update_temporaries = mixed ? 4 * std::min(part, kUpdateChunk) : 0;
   const int64_t largest_unit = std::max({max_layer, head, embed});
   const int64_t unit_slice = largest_unit / std::max(dp, 1);
   const int64_t gather_columns =

@@ -37,6 +37,7 @@ struct SimLayout {
   int64_t allgather_bucket_size = ZeroConfig{}.allgather_bucket_size;  // elements per parameter gather
   int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
   bool overlap_comm = true;  // ZeRO collectives behind compute, stage 3 prefetches a layer (the engine on CUDA)
+  bool cuda = true;          // the engine trains on GPUs (false: cpu-local); sizes the grad-norm chunk
   int dp() const { return gpus / tp; }
   bool recompute() const { return activation_checkpointing; }
 };
