@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotp/io/safetensors.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "cli/bench_report.h"
 #include "launcher/launcher.h"
 #include "support/cli_runner.h"

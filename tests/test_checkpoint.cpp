@@ -10,10 +10,10 @@
 #include <fstream>
 
 #include "autotp/io/checksum.h"
-#include "autotp/io/dist_checkpoint.h"
+#include "autotp/checkpoint/dist_checkpoint.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/checkpointing.h"
-#include "autotp/runtime/json_file.h"
+#include "autotp/checkpoint/checkpointing.h"
+#include "autotp/base/json_file.h"
 #include "support/cli_runner.h"
 #include "support/model_fixtures.h"
 #include "support/multiprocess.h"

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autotp/io/safetensors.h"
-#include "autotp/runtime/device.h"
+#include "autotp/base/device.h"
 #include "support/cli_runner.h"
 #include "support/model_fixtures.h"
 

@@ -393,19 +393,13 @@ AUTOTP_WORKER(collective_timeout) {
 
 class CollectivesTest : public ::testing::TestWithParam<int> {};
 
-#define AUTOTP_COLLECTIVE_TEST(test_name, worker)                 \
-  TEST_P(CollectivesTest, test_name) {                            \
-    auto result = autotp::test::run_workers(#worker, GetParam()); \
-    ASSERT_EQ(result.exit_code, 0) << result.summary;             \
-  }
-
-AUTOTP_COLLECTIVE_TEST(AllReduceSumMaxMin, all_reduce)
-AUTOTP_COLLECTIVE_TEST(BroadcastFromEveryRoot, broadcast)
-AUTOTP_COLLECTIVE_TEST(AllGatherEvenAndUneven, all_gather)
-AUTOTP_COLLECTIVE_TEST(ReduceScatterEvenAndUneven, reduce_scatter)
-AUTOTP_COLLECTIVE_TEST(StartedCollectivesKeepTheGroupOrder, started_collectives)
-AUTOTP_COLLECTIVE_TEST(AutogradCopyToAndReduceFrom, autograd_copy_and_reduce)
-AUTOTP_COLLECTIVE_TEST(AutogradGatherFromAndScatterTo, autograd_gather_and_scatter)
+AUTOTP_WORKER_TEST_P(CollectivesTest, AllReduceSumMaxMin, all_reduce)
+AUTOTP_WORKER_TEST_P(CollectivesTest, BroadcastFromEveryRoot, broadcast)
+AUTOTP_WORKER_TEST_P(CollectivesTest, AllGatherEvenAndUneven, all_gather)
+AUTOTP_WORKER_TEST_P(CollectivesTest, ReduceScatterEvenAndUneven, reduce_scatter)
+AUTOTP_WORKER_TEST_P(CollectivesTest, StartedCollectivesKeepTheGroupOrder, started_collectives)
+AUTOTP_WORKER_TEST_P(CollectivesTest, AutogradCopyToAndReduceFrom, autograd_copy_and_reduce)
+AUTOTP_WORKER_TEST_P(CollectivesTest, AutogradGatherFromAndScatterTo, autograd_gather_and_scatter)
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {

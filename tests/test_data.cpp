@@ -14,7 +14,7 @@
 #include "autotp/data/batch.h"
 #include "autotp/data/dataset.h"
 #include "autotp/data/sampler.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 namespace {

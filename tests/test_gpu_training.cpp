@@ -15,8 +15,8 @@
 
 #include "autotp/comm/process_group.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/checkpointing.h"
-#include "autotp/runtime/device.h"
+#include "autotp/checkpoint/checkpointing.h"
+#include "autotp/base/device.h"
 #include "autotp/runtime/trainer.h"
 #include "support/model_fixtures.h"
 #include "support/multiprocess.h"

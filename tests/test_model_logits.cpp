@@ -5,7 +5,7 @@
 #include "autotp/io/safetensors.h"
 #include "autotp/model/attention.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "support/model_fixtures.h"
 #include "support/reference_models.h"
 

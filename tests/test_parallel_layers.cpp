@@ -325,17 +325,11 @@ AUTOTP_WORKER(vocab_parallel_cross_entropy) {
 
 class ParallelLayers : public ::testing::TestWithParam<int> {};
 
-#define AUTOTP_LAYER_TEST(test_name, worker)                      \
-  TEST_P(ParallelLayers, test_name) {                             \
-    auto result = autotp::test::run_workers(#worker, GetParam()); \
-    ASSERT_EQ(result.exit_code, 0) << result.summary;             \
-  }
-
-AUTOTP_LAYER_TEST(ColumnParallelLinear, column_parallel)
-AUTOTP_LAYER_TEST(RowParallelLinear, row_parallel)
-AUTOTP_LAYER_TEST(TwoColumnsThenRowSumInputGrad, attention_like_block)
-AUTOTP_LAYER_TEST(VocabParallelEmbedding, vocab_parallel_embedding)
-AUTOTP_LAYER_TEST(VocabParallelCrossEntropy, vocab_parallel_cross_entropy)
+AUTOTP_WORKER_TEST_P(ParallelLayers, ColumnParallelLinear, column_parallel)
+AUTOTP_WORKER_TEST_P(ParallelLayers, RowParallelLinear, row_parallel)
+AUTOTP_WORKER_TEST_P(ParallelLayers, TwoColumnsThenRowSumInputGrad, attention_like_block)
+AUTOTP_WORKER_TEST_P(ParallelLayers, VocabParallelEmbedding, vocab_parallel_embedding)
+AUTOTP_WORKER_TEST_P(ParallelLayers, VocabParallelCrossEntropy, vocab_parallel_cross_entropy)
 
 INSTANTIATE_TEST_SUITE_P(TpSizes, ParallelLayers, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "autotp/io/safetensors.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp::io {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/host_cpu.h"
+#include "autotp/base/error.h"
+#include "autotp/base/host_cpu.h"
 #include "autotp/zero/flat_layout.h"
 #include "autotp/zero/zero_units.h"
 #include "simulator/simulator.h"
@@ -269,10 +269,11 @@ TEST(SimulatorTime, OverlapHidesWhatTheEngineRunsBehindCompute) {
     EXPECT_DOUBLE_EQ(on.step_s, on.compute_s + on.tp_comm_s + on.zero_comm_s - on.overlap_s);
     EXPECT_LE(on.overlap_s, on.zero_comm_s);
     EXPECT_LE(on.overlap_s, on.compute_s);
-    if (stage == 0)
+    if (stage == 0) {
       EXPECT_EQ(on.overlap_s, 0);
-    else
+    } else {
       EXPECT_GT(on.overlap_s, 0) << "stage " << stage;
+    }
     // Stage 3 hides most of its traffic: all but the embeddings' collectives and the norm.
     if (stage == 3) EXPECT_GT(on.overlap_s, 0.8 * on.zero_comm_s);
   }

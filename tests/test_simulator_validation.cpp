@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "autotp/model/presets.h"
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/memory_counter.h"
 #include "autotp/runtime/trainer.h"
 #include "simulator/memory_model.h"
 #include "simulator/rank_shape.h"

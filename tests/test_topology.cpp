@@ -12,7 +12,7 @@
 #include "autotp/comm/dist_env.h"
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "support/multiprocess.h"
 
 namespace {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "autotp/tp/tp_plan.h"
 #include "support/model_fixtures.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "autotp/optim/lr_schedule.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "autotp/runtime/train_config.h"
 
 namespace autotp {

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <limits>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "autotp/model/presets.h"
 #include "autotp/optim/lr_schedule.h"
 #include "autotp/runtime/trainer.h"

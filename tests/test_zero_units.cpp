@@ -5,7 +5,7 @@
 
 #include "autotp/model/presets.h"
 #include "autotp/model/rms_norm.h"
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/memory_counter.h"
 #include "autotp/runtime/trainer.h"
 #include "autotp/zero/flat_layout.h"
 #include "autotp/zero/zero_units.h"

@@ -5,7 +5,7 @@
 #include <limits>
 #include <optional>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 namespace {

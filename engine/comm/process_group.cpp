@@ -20,7 +20,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 namespace {

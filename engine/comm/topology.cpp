@@ -4,8 +4,8 @@
 #include <fmt/ranges.h>
 
 #include "autotp/comm/shared_memory_transport.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
 
 namespace autotp {
 namespace {

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "autotp/data/token_sequences.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 // .bin files are little-endian and read in place through mmap.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

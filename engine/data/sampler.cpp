@@ -4,7 +4,7 @@
 
 #include <numeric>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/json_file.h"
+#include "autotp/base/error.h"
+#include "autotp/base/json_file.h"
 
 namespace autotp {
 

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <vector>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp::io {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp::io {
 namespace {

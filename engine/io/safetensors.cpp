@@ -13,7 +13,7 @@
 #include <set>
 
 #include "autotp/io/checksum.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp::io {
 namespace {

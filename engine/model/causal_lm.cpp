@@ -11,7 +11,7 @@
 #include "autotp/comm/autograd_collectives.h"
 #include "autotp/model/attention.h"
 #include "autotp/model/rms_norm.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "autotp/tp/parallel_layers.h"
 
 namespace autotp {

@@ -4,7 +4,7 @@
 #include <sys/stat.h>
 
 #include "autotp/io/safetensors.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 

@@ -3,10 +3,10 @@
 #include <sys/resource.h>
 
 #include "autotp/optim/lr_schedule.h"
-#include "autotp/runtime/device.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/device.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
+#include "autotp/base/memory_counter.h"
 
 namespace autotp {
 
@@ -73,7 +73,10 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::un
     sampler_ = std::make_unique<DistributedSampler>(data_->size(), config_.train_micro_batch_size_per_gpu,
                                                     config_.gradient_accumulation_steps, topology_->dp_size(),
                                                     topology_->dp_rank(), config_.seed, shuffle);
-  optimizer_ = std::make_unique<ZeroOptimizer>(*model_, *topology_, config_);
+  optimizer_ = std::make_unique<ZeroOptimizer>(
+      *model_, *topology_,
+      ZeroSettings{config_.zero, config_.optimizer, config_.fp16, config_.gradient_clipping,
+                   config_.gradient_accumulation_steps});
 }
 
 TrainerState Trainer::state() const {

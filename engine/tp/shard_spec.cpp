@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 

@@ -6,7 +6,7 @@
 #include <regex>
 #include <set>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 namespace {
@@ -200,120 +200,113 @@ nlohmann::json builtin_name_plan(const ModelConfig& c) {
           {"lm_head", "colwise_rep"}};
 }
 
-TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
-  const int tp = options.tp_size;
-  AUTOTP_USER_CHECK(tp >= 1, "autotp_size must be at least 1, got {}", tp);
-  auto descs = describe_parameters(config);
+namespace {
 
-  // Which name plan applies (if any).
+// Where a parameter's role can come from besides the structural rules: the
+// name plan (the config's base_model_tp_plan or the built-in one) and the
+// user's layer_specs, their regexes compiled once.
+struct RoleSources {
   json name_plan;
+  std::vector<std::pair<std::string, std::regex>> plan_keys;
+  std::vector<std::vector<std::regex>> user_regex;
+  std::vector<bool> spec_used;
+};
+
+RoleSources role_sources(const ModelConfig& config, const TpPlanOptions& options) {
+  RoleSources r;
   bool config_has_plan = config.raw.contains("base_model_tp_plan") && config.raw["base_model_tp_plan"].is_object();
   if (options.rules == PlanRules::kNames)
-    name_plan = config_has_plan ? config.raw["base_model_tp_plan"] : builtin_name_plan(config);
+    r.name_plan = config_has_plan ? config.raw["base_model_tp_plan"] : builtin_name_plan(config);
   else if (options.rules == PlanRules::kAuto && config_has_plan)
-    name_plan = config.raw["base_model_tp_plan"];
-  std::vector<std::pair<std::string, std::regex>> plan_keys;
-  for (auto& [key, value] : name_plan.items()) {
+    r.name_plan = config.raw["base_model_tp_plan"];
+  for (auto& [key, value] : r.name_plan.items()) {
     AUTOTP_USER_CHECK(value.is_string(), "base_model_tp_plan['{}'] must be a string", key);
-    plan_keys.emplace_back(key, tp_plan_key_regex(key));
+    r.plan_keys.emplace_back(key, tp_plan_key_regex(key));
   }
-  std::vector<std::vector<std::regex>> user_regex;
   for (const auto& spec : options.layer_specs) {
-    user_regex.emplace_back();
-    for (const auto& p : spec.patterns) user_regex.back().emplace_back(p);
+    r.user_regex.emplace_back();
+    for (const auto& p : spec.patterns) r.user_regex.back().emplace_back(p);
   }
-  std::vector<bool> spec_used(options.layer_specs.size(), false);
+  r.spec_used.assign(options.layer_specs.size(), false);
+  return r;
+}
 
-  TpPlan plan;
-  plan.tp_size_ = tp;
-  std::map<std::string, size_t> weight_of_module;  // module -> entry index
-  for (const auto& d : descs) {
-    PlanEntry e;
-    e.desc = d;
-    const LayerSpec* user = nullptr;
-    if (is_weight(d) || d.kind == ParamKind::kNorm || d.kind == ParamKind::kPositionEmbedding) {
-      for (size_t s = 0; s < options.layer_specs.size() && !user; ++s)
-        for (size_t p = 0; p < user_regex[s].size(); ++p)
-          if (std::regex_match(d.name, user_regex[s][p])) {
-            user = &options.layer_specs[s];
-            spec_used[s] = true;
-            e.role = user->role;
-            e.source = fmt::format("user pattern '{}'", user->patterns[p]);
-            break;
-          }
-    }
-    if (!user && d.kind == ParamKind::kBias) {
-      // A bias follows its weight: split with a column layer, whole after a row layer's reduce.
-      auto it = weight_of_module.find(d.module);
-      TORCH_INTERNAL_ASSERT(it != weight_of_module.end(), "bias before its weight: ", d.name);
-      const PlanEntry& weight = plan.entries_[it->second];
-      e.role = weight.role == TpRole::kColumn ? TpRole::kColumn : TpRole::kReplicated;
-      e.source = fmt::format("follows {}", weight.desc.name);
-    } else if (!user) {
-      bool matched = false;
-      std::string module = strip_prefix(d.module, config.base_prefix());
-      for (const auto& [key, re] : plan_keys)
-        if (std::regex_match(module, re) || std::regex_match(d.module, re)) {
-          std::string style = name_plan[key].get<std::string>();
-          e.role = role_from_hf_style(style, d, key);
-          e.source = fmt::format("tp_plan '{}'", style);
-          matched = true;
-          break;
-        }
-      if (!matched && !plan_keys.empty()) {
-        e.role = TpRole::kReplicated;
-        e.source = "tp_plan: not listed";
-      } else if (!matched) {
-        std::tie(e.role, e.source) = structural_role(d);
+// The first user layer_spec whose pattern matches `d` (weights, norms and
+// position embeddings only), recorded as used; null when none does.
+const LayerSpec* match_user_spec(const ParamDesc& d, const TpPlanOptions& options, RoleSources& r, PlanEntry& e) {
+  if (!is_weight(d) && d.kind != ParamKind::kNorm && d.kind != ParamKind::kPositionEmbedding) return nullptr;
+  for (size_t s = 0; s < options.layer_specs.size(); ++s)
+    for (size_t p = 0; p < r.user_regex[s].size(); ++p)
+      if (std::regex_match(d.name, r.user_regex[s][p])) {
+        r.spec_used[s] = true;
+        e.role = options.layer_specs[s].role;
+        e.source = fmt::format("user pattern '{}'", options.layer_specs[s].patterns[p]);
+        return &options.layer_specs[s];
       }
+  return nullptr;
+}
+
+// A role from the name plan (a module it does not list stays whole), else from the structure.
+void assign_name_or_structural_role(const ModelConfig& config, const ParamDesc& d, const RoleSources& r,
+                                    PlanEntry& e) {
+  std::string module = strip_prefix(d.module, config.base_prefix());
+  for (const auto& [key, re] : r.plan_keys)
+    if (std::regex_match(module, re) || std::regex_match(d.module, re)) {
+      std::string style = r.name_plan[key].get<std::string>();
+      e.role = role_from_hf_style(style, d, key);
+      e.source = fmt::format("tp_plan '{}'", style);
+      return;
     }
-    // Validate the role against the layout and build the spec.
-    const std::string where = fmt::format("tensor-parallel plan for '{}' ({})", d.name, e.source);
-    if (e.role == TpRole::kVocab) {
-      AUTOTP_USER_CHECK(d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead,
-                        "{}: vocab partitioning applies only to token embeddings and the LM head", where);
-      e.spec = ShardSpec::split(d.shape, 0, axis_partition(config, Axis::kVocab, tp));
-    } else if (e.role == TpRole::kColumn || e.role == TpRole::kRow) {
-      bool column = e.role == TpRole::kColumn;
-      AUTOTP_USER_CHECK(is_linear(d) || d.kind == ParamKind::kBias,
-                        "{}: {} partitioning applies only to linear layers (this is a {})", where,
-                        tp_role_name(e.role), param_kind_name(d.kind));
-      int64_t dim = d.kind == ParamKind::kBias ? 0 : (column ? d.out_dim() : d.in_dim());
-      Axis axis = d.axes[dim];
-      AUTOTP_USER_CHECK(axis != Axis::kHidden,
-                        "{}: a {}-parallel layer would split the hidden stream; use {} for this layer", where,
-                        tp_role_name(e.role), column ? "row" : "column");
-      if (user && !user->shape.empty()) {
-        // A user-declared sub-parameter layout must agree with the model's own
-        // (e.g. [q, k, v] sizes of a fused projection): each part is split by heads.
-        int64_t sum = 0;
-        for (int64_t s : user->shape) sum += s;
-        AUTOTP_USER_CHECK(sum == d.shape[dim], "{}: shape {} sums to {}, but dim {} has size {}", where,
-                          shape_str(user->shape), sum, dim, d.shape[dim]);
-        std::vector<int64_t> expected;
-        if (axis == Axis::kQkv)
-          expected = {config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
-                      config.num_kv_heads * config.head_dim};
-        else
-          expected = {d.shape[dim]};
-        AUTOTP_USER_CHECK(user->shape == expected, "{}: shape {} does not match the layout of this weight {}",
-                          where, shape_str(user->shape), shape_str(expected));
-      }
-      e.spec = ShardSpec::split(d.shape, dim, axis_partition(config, axis, tp));
-    } else {
-      e.spec = ShardSpec::replicated(d.shape, tp);
-    }
-    if (is_linear(d)) weight_of_module[d.module] = plan.entries_.size();
-    plan.index_[d.name] = plan.entries_.size();
-    plan.entries_.push_back(std::move(e));
+  if (!r.plan_keys.empty()) {
+    e.role = TpRole::kReplicated;
+    e.source = "tp_plan: not listed";
+    return;
   }
-  for (size_t s = 0; s < spec_used.size(); ++s)
-    AUTOTP_USER_CHECK(spec_used[s], "tensor_parallel.partition_config.layer_specs[{}]: patterns {} match no parameter",
-                      s, fmt::join(options.layer_specs[s].patterns, ", "));
+  std::tie(e.role, e.source) = structural_role(d);
+}
 
-  // A block's input projections are column-parallel exactly when its output projection is row-parallel.
+// The role checked against the parameter's layout, and its ShardSpec.
+ShardSpec checked_spec(const ModelConfig& config, const ParamDesc& d, const PlanEntry& e, const LayerSpec* user,
+                       int tp) {
+  const std::string where = fmt::format("tensor-parallel plan for '{}' ({})", d.name, e.source);
+  if (e.role == TpRole::kVocab) {
+    AUTOTP_USER_CHECK(d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead,
+                      "{}: vocab partitioning applies only to token embeddings and the LM head", where);
+    return ShardSpec::split(d.shape, 0, axis_partition(config, Axis::kVocab, tp));
+  }
+  if (e.role != TpRole::kColumn && e.role != TpRole::kRow) return ShardSpec::replicated(d.shape, tp);
+  bool column = e.role == TpRole::kColumn;
+  AUTOTP_USER_CHECK(is_linear(d) || d.kind == ParamKind::kBias,
+                    "{}: {} partitioning applies only to linear layers (this is a {})", where,
+                    tp_role_name(e.role), param_kind_name(d.kind));
+  int64_t dim = d.kind == ParamKind::kBias ? 0 : (column ? d.out_dim() : d.in_dim());
+  Axis axis = d.axes[dim];
+  AUTOTP_USER_CHECK(axis != Axis::kHidden,
+                    "{}: a {}-parallel layer would split the hidden stream; use {} for this layer", where,
+                    tp_role_name(e.role), column ? "row" : "column");
+  if (user && !user->shape.empty()) {
+    // A user-declared sub-parameter layout must agree with the model's own
+    // (e.g. [q, k, v] sizes of a fused projection): each part is split by heads.
+    int64_t sum = 0;
+    for (int64_t s : user->shape) sum += s;
+    AUTOTP_USER_CHECK(sum == d.shape[dim], "{}: shape {} sums to {}, but dim {} has size {}", where,
+                      shape_str(user->shape), sum, dim, d.shape[dim]);
+    std::vector<int64_t> expected;
+    if (axis == Axis::kQkv)
+      expected = {config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
+                  config.num_kv_heads * config.head_dim};
+    else
+      expected = {d.shape[dim]};
+    AUTOTP_USER_CHECK(user->shape == expected, "{}: shape {} does not match the layout of this weight {}",
+                      where, shape_str(user->shape), shape_str(expected));
+  }
+  return ShardSpec::split(d.shape, dim, axis_partition(config, axis, tp));
+}
+
+// A block's input projections are column-parallel exactly when its output projection is row-parallel.
+void check_blocks(const std::vector<PlanEntry>& entries) {
   std::map<std::string, std::vector<const PlanEntry*>> blocks;
-  for (const auto& e : plan.entries_)
+  for (const auto& e : entries)
     if (is_linear(e.desc)) blocks[e.desc.module.substr(0, e.desc.module.rfind('.'))].push_back(&e);
   for (const auto& [block, members] : blocks) {
     std::set<bool> split;
@@ -327,6 +320,41 @@ TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
           block, fmt::join(roles, ", "));
     }
   }
+}
+
+}  // namespace
+
+TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
+  const int tp = options.tp_size;
+  AUTOTP_USER_CHECK(tp >= 1, "autotp_size must be at least 1, got {}", tp);
+  RoleSources sources = role_sources(config, options);
+  TpPlan plan;
+  plan.tp_size_ = tp;
+  std::map<std::string, size_t> weight_of_module;  // module -> entry index
+  for (const auto& d : describe_parameters(config)) {
+    PlanEntry e;
+    e.desc = d;
+    const LayerSpec* user = match_user_spec(d, options, sources, e);
+    if (!user && d.kind == ParamKind::kBias) {
+      // A bias follows its weight: split with a column layer, whole after a row layer's reduce.
+      auto it = weight_of_module.find(d.module);
+      TORCH_INTERNAL_ASSERT(it != weight_of_module.end(), "bias before its weight: ", d.name);
+      const PlanEntry& weight = plan.entries_[it->second];
+      e.role = weight.role == TpRole::kColumn ? TpRole::kColumn : TpRole::kReplicated;
+      e.source = fmt::format("follows {}", weight.desc.name);
+    } else if (!user) {
+      assign_name_or_structural_role(config, d, sources, e);
+    }
+    e.spec = checked_spec(config, d, e, user, tp);
+    if (is_linear(d)) weight_of_module[d.module] = plan.entries_.size();
+    plan.index_[d.name] = plan.entries_.size();
+    plan.entries_.push_back(std::move(e));
+  }
+  for (size_t s = 0; s < sources.spec_used.size(); ++s)
+    AUTOTP_USER_CHECK(sources.spec_used[s],
+                      "tensor_parallel.partition_config.layer_specs[{}]: patterns {} match no parameter", s,
+                      fmt::join(options.layer_specs[s].patterns, ", "));
+  check_blocks(plan.entries_);
   return plan;
 }
 

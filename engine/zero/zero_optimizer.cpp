@@ -4,9 +4,9 @@
 #include <regex>
 
 #include "autotp/optim/grad_norm.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
+#include "autotp/base/memory_counter.h"
 #include "autotp/tp/parallel_layers.h"
 
 namespace autotp {
@@ -94,7 +94,7 @@ std::vector<std::pair<int64_t, int64_t>> owned_intervals(const ShardSpec& spec, 
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const TrainConfig& config)
+ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const ZeroSettings& config)
     : model_(model),
       topo_(topology),
       stage_(config.zero.stage),

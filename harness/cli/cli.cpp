@@ -5,10 +5,10 @@
 #include <iostream>
 
 #include "autotp/comm/dist_env.h"
-#include "autotp/runtime/device.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/device.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
+#include "autotp/base/memory_counter.h"
 #include "cli/blas_threads.h"
 #include "launcher/launcher.h"
 

@@ -41,6 +41,15 @@ int maybe_launch(const WorldOptions& options);
 // Ends a subcommand with a non-zero exit code (used after a launched run failed).
 [[noreturn]] inline void exit_with(int code) { throw CLI::RuntimeError(code); }
 
+// The start of every multi-rank command: true when this process is a rank and
+// goes on; false when it launched the ranks and they all succeeded; a failed
+// launch ends the command with their exit code.
+inline bool run_as_rank(const WorldOptions& options) {
+  const int launched = maybe_launch(options);
+  if (launched > 0) exit_with(launched);
+  return launched < 0;
+}
+
 // Sets up logging and threads for this rank and creates the topology.
 std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend = Backend::kGloo);
 

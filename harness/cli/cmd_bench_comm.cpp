@@ -14,8 +14,8 @@
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
 #include "autotp/io/safetensors.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
 #include "cli/bench_report.h"
 #include "cli/cli.h"
 
@@ -214,9 +214,7 @@ void register_bench_comm(CLI::App& app) {
     const int64_t max_bytes = static_cast<int64_t>(io::parse_byte_size(args->max_bytes));
     AUTOTP_USER_CHECK(min_bytes >= 4 && min_bytes <= max_bytes,
                       "--min-bytes {} and --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes);
-    int launched = maybe_launch(args->world);
-    if (launched > 0) exit_with(launched);
-    if (launched == 0) return;
+    if (!run_as_rank(args->world)) return;
     DistEnv env = DistEnv::from_environment();
     AUTOTP_USER_CHECK(env.world_size >= 2, "bench-comm needs at least 2 ranks (use --nproc N, N >= 2)");
     init_logging(LogOptions{env.rank});

@@ -12,8 +12,8 @@
 #include <optional>
 
 #include "autotp/io/safetensors.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/json_file.h"
+#include "autotp/base/error.h"
+#include "autotp/base/json_file.h"
 #include "cli/bench_report.h"
 #include "cli/cli.h"
 

@@ -8,14 +8,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include "autotp/model/presets.h"
-#include "autotp/runtime/device.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
+#include "autotp/arch/model_flops.h"
+#include "autotp/base/device.h"
+#include "autotp/base/error.h"
+#include "autotp/base/quantile.h"
+#include "autotp/base/log.h"
 #include "autotp/runtime/step_comm_volume.h"
 #include "autotp/runtime/trainer.h"
 #include "cli/bench_report.h"
@@ -50,28 +53,6 @@ double gemm_rate(int64_t m, int64_t k, int64_t n, torch::ScalarType dtype, const
   return best;
 }
 
-// Model FLOPs of one token's forward + backward (no recomputation counted):
-// 6 x the weights of every matmul (LM head included, tied or not) plus the
-// attention products QK^T and PV over the whole sequence (computed unmasked).
-double model_flops_per_token(const ModelConfig& c, int64_t seq_len) {
-  double matmul_weights = 0;
-  for (const auto& d : describe_parameters(c)) {
-    if (d.kind == ParamKind::kLinear || d.kind == ParamKind::kConv1D || d.kind == ParamKind::kLmHead)
-      matmul_weights += static_cast<double>(d.shape[0]) * d.shape[1];
-  }
-  if (c.tie_word_embeddings) matmul_weights += static_cast<double>(c.vocab_size) * c.hidden_size;
-  const double attention = 2.0 * 2.0 * seq_len * c.num_heads * c.head_dim * c.num_layers;
-  return 3.0 * (2.0 * matmul_weights + attention);
-}
-
-double percentile(std::vector<double> values, double q) {
-  std::sort(values.begin(), values.end());
-  const double position = q * (values.size() - 1);
-  const size_t lo = static_cast<size_t>(position);
-  const size_t hi = std::min(lo + 1, values.size() - 1);
-  return values[lo] + (values[hi] - values[lo]) * (position - lo);
-}
-
 int env_int(const char* name) {
   const char* value = std::getenv(name);
   return value ? std::atoi(value) : 0;
@@ -79,18 +60,98 @@ int env_int(const char* name) {
 
 std::string volume_cell(const CollectiveVolume& v) { return fmt::format("{} / {}", v.calls, v.bytes); }
 
+struct Args {
+  std::string model, json, dtype = "f32", profile;
+  int tp = 1, zero = 0;
+  int64_t micro_batch = 4, seq_len = 256, gas = 1, steps = 5, warmup = 2;
+  bool checkpointing = false;
+  std::optional<bool> overlap_comm;
+  uint64_t seed = 1;
+  WorldOptions world;
+};
+
+// The training config bench-step runs: AdamW, clipping, the layout of the flags.
+TrainConfig bench_config(const Args& args, torch::ScalarType dtype, int world_size) {
+  nlohmann::json ds = {{"train_micro_batch_size_per_gpu", args.micro_batch},
+                       {"gradient_accumulation_steps", args.gas},
+                       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}},
+                       {"gradient_clipping", 1.0},
+                       {"zero_optimization", {{"stage", args.zero}}},
+                       {"tensor_parallel", {{"autotp_size", args.tp}}},
+                       {"seed", args.seed}};
+  if (dtype == torch::kBFloat16) ds["bf16"] = {{"enabled", true}};
+  if (args.checkpointing) ds["activation_checkpointing"] = {{"enabled", true}};
+  if (args.overlap_comm) ds["zero_optimization"]["overlap_comm"] = *args.overlap_comm;
+  auto config = TrainConfig::from_json(ds, "bench-step");
+  config.resolve_batch(world_size);
+  return config;
+}
+
+// What this rank measured over the timed steps.
+struct TimedSteps {
+  std::vector<double> step, comm, forward_backward, optimizer, comm_forward_backward, comm_optimizer, lane;
+  StepMetrics last;
+  StepCommVolume counted;
+  bool volume_matches = true;
+  double loss = 0;
+};
+
+// Runs the timed steps, counting each step's collectives per group against `analytic`.
+TimedSteps run_timed_steps(Trainer& trainer, Topology& topology, const StepCommVolume& analytic, int64_t first,
+                           int64_t steps, const std::function<std::vector<Batch>(int64_t)>& make_batches) {
+  Comm* groups[] = {&topology.tp(), &topology.dp(), &topology.world()};
+  TimedSteps t;
+  for (int64_t s = 0; s < steps; ++s) {
+    auto batches = make_batches(first + s);
+    CommStats before[3];
+    for (int g = 0; g < 3; ++g) before[g] = groups[g]->stats();
+    const auto start = Clock::now();
+    StepMetrics m = trainer.train_step(batches);  // returns once the GPU has finished the step
+    t.step.push_back(seconds_since(start));
+    t.forward_backward.push_back(m.forward_backward_s);
+    t.optimizer.push_back(m.optimizer_s);
+    t.comm_forward_backward.push_back(m.comm_forward_backward_s);
+    t.comm_optimizer.push_back(m.comm_optimizer_s);
+    t.lane.push_back(m.comm_async_s);
+    t.loss = m.loss;
+    t.last = m;
+    StepCommVolume step{GroupVolume::between(before[0], groups[0]->stats()),
+                        GroupVolume::between(before[1], groups[1]->stats()),
+                        GroupVolume::between(before[2], groups[2]->stats())};
+    double comm = 0;
+    for (int g = 0; g < 3; ++g) comm += groups[g]->stats().seconds - before[g].seconds;
+    t.comm.push_back(comm);
+    t.volume_matches = t.volume_matches && step == analytic;
+    t.counted = step;
+  }
+  return t;
+}
+
+// The counted vs analytic table of one step's collectives, per group and op.
+void print_volume_table(const StepCommVolume& counted, const StepCommVolume& analytic) {
+  std::cout << "  communication per step, counted (calls / bytes) vs analytic:\n";
+  const char* names[] = {"tp", "dp", "world"};
+  const GroupVolume* counted_groups[] = {&counted.tp, &counted.dp, &counted.world};
+  const GroupVolume* analytic_groups[] = {&analytic.tp, &analytic.dp, &analytic.world};
+  for (int g = 0; g < 3; ++g) {
+    const auto& c = *counted_groups[g];
+    const auto& a = *analytic_groups[g];
+    const std::pair<const char*, std::pair<const CollectiveVolume*, const CollectiveVolume*>> ops[] = {
+        {"all_reduce", {&c.all_reduce, &a.all_reduce}},
+        {"all_gather", {&c.all_gather, &a.all_gather}},
+        {"reduce_scatter", {&c.reduce_scatter, &a.reduce_scatter}},
+        {"broadcast", {&c.broadcast, &a.broadcast}}};
+    for (const auto& [op, pair] : ops) {
+      if (pair.first->calls == 0 && pair.second->calls == 0) continue;
+      std::cout << fmt::format("    {:<6} {:<15} {:>24} {:>24}  {}\n", names[g], op, volume_cell(*pair.first),
+                               volume_cell(*pair.second), *pair.first == *pair.second ? "equal" : "DIFFERENT");
+    }
+  }
+}
+
 }  // namespace
 
 void register_bench_step(CLI::App& app) {
-  struct Args {
-    std::string model, json, dtype = "f32", profile;
-    int tp = 1, zero = 0;
-    int64_t micro_batch = 4, seq_len = 256, gas = 1, steps = 5, warmup = 2;
-    bool checkpointing = false;
-    std::optional<bool> overlap_comm;
-    uint64_t seed = 1;
-    WorldOptions world;
-  };
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench-step", "Time training steps of one layout: tokens/s, MFU, comm volume");
   cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
@@ -114,25 +175,12 @@ void register_bench_step(CLI::App& app) {
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
   cmd->callback([args] {
-    int launched = maybe_launch(args->world);
-    if (launched > 0) exit_with(launched);
-    if (launched == 0) return;
+    if (!run_as_rank(args->world)) return;
     retain_freed_memory();  // steps repeat the same allocations: reuse them instead of faulting pages in
     auto source = resolve_model(args->model);
     DistEnv env = DistEnv::from_environment();
     const torch::ScalarType dtype = parse_dtype(args->dtype);
-    nlohmann::json ds = {{"train_micro_batch_size_per_gpu", args->micro_batch},
-                         {"gradient_accumulation_steps", args->gas},
-                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}},
-                         {"gradient_clipping", 1.0},
-                         {"zero_optimization", {{"stage", args->zero}}},
-                         {"tensor_parallel", {{"autotp_size", args->tp}}},
-                         {"seed", args->seed}};
-    if (dtype == torch::kBFloat16) ds["bf16"] = {{"enabled", true}};
-    if (args->checkpointing) ds["activation_checkpointing"] = {{"enabled", true}};
-    if (args->overlap_comm) ds["zero_optimization"]["overlap_comm"] = *args->overlap_comm;
-    auto config = TrainConfig::from_json(ds, "bench-step");
-    config.resolve_batch(env.world_size);
+    const TrainConfig config = bench_config(*args, dtype, env.world_size);
     AUTOTP_USER_CHECK(args->seq_len <= source.config.max_positions, "--seq-len {} exceeds the model's {} positions",
                       args->seq_len, source.config.max_positions);
     TpPlanOptions plan_options;
@@ -182,7 +230,6 @@ void register_bench_step(CLI::App& app) {
     };
     for (int64_t s = 0; s < args->warmup; ++s) trainer.train_step(make_batches(s));
 
-    Comm* groups[] = {&topology->tp(), &topology->dp(), &topology->world()};
     StepShape shape;
     shape.tp_size = topology->tp_size();
     shape.dp_size = topology->dp_size();
@@ -190,35 +237,9 @@ void register_bench_step(CLI::App& app) {
     shape.micro_batch = args->micro_batch;
     shape.seq_len = args->seq_len;
     const StepCommVolume analytic = analytic_step_comm_volume(trainer.model(), config, shape);
-    std::vector<double> step_times, comm_times, forward_backward_times, optimizer_times, comm_fb_times, comm_opt_times,
-        async_times;
-    StepMetrics last;
-    StepCommVolume counted;
-    bool volume_matches = true;
-    double loss = 0;
-    for (int64_t s = 0; s < args->steps; ++s) {
-      auto batches = make_batches(args->warmup + s);
-      CommStats before[3];
-      for (int g = 0; g < 3; ++g) before[g] = groups[g]->stats();
-      const auto start = Clock::now();
-      StepMetrics m = trainer.train_step(batches);  // returns once the GPU has finished the step
-      step_times.push_back(seconds_since(start));
-      forward_backward_times.push_back(m.forward_backward_s);
-      optimizer_times.push_back(m.optimizer_s);
-      comm_fb_times.push_back(m.comm_forward_backward_s);
-      comm_opt_times.push_back(m.comm_optimizer_s);
-      async_times.push_back(m.comm_async_s);
-      loss = m.loss;
-      last = m;
-      StepCommVolume step{GroupVolume::between(before[0], groups[0]->stats()),
-                          GroupVolume::between(before[1], groups[1]->stats()),
-                          GroupVolume::between(before[2], groups[2]->stats())};
-      double comm = 0;
-      for (int g = 0; g < 3; ++g) comm += groups[g]->stats().seconds - before[g].seconds;
-      comm_times.push_back(comm);
-      volume_matches = volume_matches && step == analytic;
-      counted = step;
-    }
+    const TimedSteps timed = run_timed_steps(trainer, *topology, analytic, args->warmup, args->steps, make_batches);
+    const StepMetrics& last = timed.last;
+    const StepCommVolume& counted = timed.counted;
 
     if (!args->profile.empty()) {
       // An extra step under the profiler: its overhead stays out of the timed steps.
@@ -228,19 +249,18 @@ void register_bench_step(CLI::App& app) {
     }
 
     // Every rank's numbers to rank 0 (outside the timed steps).
-    std::vector<double> mine = {percentile(step_times, 0.5), percentile(comm_times, 0.5), rank_limit,
-                                volume_matches ? 1.0 : 0.0};
+    std::vector<double> mine = {median(timed.step), median(timed.comm), rank_limit, timed.volume_matches ? 1.0 : 0.0};
     for (int64_t i = 0; i < 4; ++i) mine.push_back(static_cast<double>(threads_row[i].item<int64_t>()));
     auto row = torch::tensor(mine, torch::kFloat64).view({1, -1});
     auto all = topology->world().all_gather(row, 0);
-    std::vector<double> all_steps(step_times);
-    auto steps_tensor = torch::tensor(step_times, torch::kFloat64);
+    std::vector<double> all_steps(timed.step);
+    auto steps_tensor = torch::tensor(timed.step, torch::kFloat64);
     topology->world().all_reduce(steps_tensor, ReduceOp::kMax);  // a step ends when its slowest rank does
     for (int64_t s = 0; s < args->steps; ++s) all_steps[s] = steps_tensor[s].item<double>();
     topology->world().barrier();
     if (rank != 0) return;
 
-    const double median = percentile(all_steps, 0.5), p90 = percentile(all_steps, 0.9);
+    const double step_median = median(all_steps), p90 = quantile(all_steps, 0.9);
     double comm_mean = 0, cluster_limit = 0;
     bool all_match = true, oversubscribed = false;
     nlohmann::json ranks = nlohmann::json::array();
@@ -263,7 +283,7 @@ void register_bench_step(CLI::App& app) {
     }
     const int64_t global_tokens = config.train_batch_size * args->seq_len;
     const double flops_per_step = model_flops_per_token(mc, args->seq_len) * global_tokens;
-    const double achieved = flops_per_step / median;
+    const double achieved = flops_per_step / step_median;
     const double mfu = achieved / cluster_limit;
     const std::string layout = fmt::format("tp{}-dp{}-zero{}-{}x{}t", topology->tp_size(), topology->dp_size(),
                                            config.zero.stage, world, torch_threads);
@@ -271,11 +291,11 @@ void register_bench_step(CLI::App& app) {
     std::cout << fmt::format("# autotp bench-step: {} ({}), {}, micro-batch {} x seq {} x gas {}, {} warm-up + {} steps\n",
                              source.label, hf_dtype_name(dtype), layout, args->micro_batch, args->seq_len,
                              config.gradient_accumulation_steps, args->warmup, args->steps);
-    std::cout << fmt::format("  tokens/s            {:.1f}  ({} tokens per step)\n", global_tokens / median,
+    std::cout << fmt::format("  tokens/s            {:.1f}  ({} tokens per step)\n", global_tokens / step_median,
                              global_tokens);
-    std::cout << fmt::format("  step time           median {:.4f} s, p90 {:.4f} s (slowest rank per step)\n", median, p90);
+    std::cout << fmt::format("  step time           median {:.4f} s, p90 {:.4f} s (slowest rank per step)\n", step_median, p90);
     std::cout << fmt::format("  communication       {:.4f} s per step (mean over ranks), compute {:.4f} s ({:.1f}% comm)\n",
-                             comm_mean, median - comm_mean, 100.0 * comm_mean / median);
+                             comm_mean, step_median - comm_mean, 100.0 * comm_mean / step_median);
     std::cout << fmt::format("  model FLOPs         {:.3g} per step, achieved {:.2f} GFLOP/s\n", flops_per_step,
                              achieved / 1e9);
     std::cout << fmt::format("  GEMM limit          {:.2f} GFLOP/s ({} rank(s) x {} thread(s), measured together)\n",
@@ -291,33 +311,16 @@ void register_bench_step(CLI::App& app) {
                                last.peak_allocated_bytes / 1073741824.0, last.peak_reserved_bytes / 1073741824.0);
     }
     std::cout << fmt::format("  phases (rank 0)     forward+backward {:.4f} s, optimizer {:.4f} s (medians)\n",
-                             percentile(forward_backward_times, 0.5), percentile(optimizer_times, 0.5));
+                             median(timed.forward_backward), median(timed.optimizer));
     std::cout << fmt::format("  exposed comm        forward+backward {:.4f} s, optimizer {:.4f} s; started collectives "
                              "ran {:.4f} s on the lanes (rank 0 medians; overlap_comm {})\n",
-                             percentile(comm_fb_times, 0.5), percentile(comm_opt_times, 0.5),
-                             percentile(async_times, 0.5), config.zero.overlaps(device.is_cuda()));
+                             median(timed.comm_forward_backward), median(timed.comm_optimizer),
+                             median(timed.lane), config.zero.overlaps(device.is_cuda()));
     std::cout << fmt::format("  threads per rank    torch {}, BLAS {}, {} local rank(s) on {} core(s): {}\n",
                              torch_threads, blas_threads(), local_ranks, cores,
                              oversubscribed ? "OVERSUBSCRIBED" : "not oversubscribed");
-    std::cout << "  communication per step, counted (calls / bytes) vs analytic:\n";
-    const char* names[] = {"tp", "dp", "world"};
-    const GroupVolume* counted_groups[] = {&counted.tp, &counted.dp, &counted.world};
-    const GroupVolume* analytic_groups[] = {&analytic.tp, &analytic.dp, &analytic.world};
-    for (int g = 0; g < 3; ++g) {
-      const auto& c = *counted_groups[g];
-      const auto& a = *analytic_groups[g];
-      const std::pair<const char*, std::pair<const CollectiveVolume*, const CollectiveVolume*>> ops[] = {
-          {"all_reduce", {&c.all_reduce, &a.all_reduce}},
-          {"all_gather", {&c.all_gather, &a.all_gather}},
-          {"reduce_scatter", {&c.reduce_scatter, &a.reduce_scatter}},
-          {"broadcast", {&c.broadcast, &a.broadcast}}};
-      for (const auto& [op, pair] : ops) {
-        if (pair.first->calls == 0 && pair.second->calls == 0) continue;
-        std::cout << fmt::format("    {:<6} {:<15} {:>24} {:>24}  {}\n", names[g], op, volume_cell(*pair.first),
-                                 volume_cell(*pair.second), *pair.first == *pair.second ? "equal" : "DIFFERENT");
-      }
-    }
-    std::cout << fmt::format("  loss (last step)    {:.4f}\n", loss) << std::flush;
+    print_volume_table(counted, analytic);
+    std::cout << fmt::format("  loss (last step)    {:.4f}\n", timed.loss) << std::flush;
 
     if (!args->json.empty()) {
       BenchReport report("bench-step");
@@ -338,23 +341,23 @@ void register_bench_step(CLI::App& app) {
                   {"steps", args->steps},
                   {"warmup", args->warmup},
                   {"tokens_per_step", global_tokens},
-                  {"tokens_per_s", global_tokens / median},
-                  {"step_time_median_s", median},
+                  {"tokens_per_s", global_tokens / step_median},
+                  {"step_time_median_s", step_median},
                   {"step_time_p90_s", p90},
                   {"step_times_s", all_steps},
                   {"comm_s", comm_mean},
-                  {"exposed_comm_forward_backward_s", percentile(comm_fb_times, 0.5)},
-                  {"exposed_comm_optimizer_s", percentile(comm_opt_times, 0.5)},
-                  {"async_comm_s", percentile(async_times, 0.5)},
+                  {"exposed_comm_forward_backward_s", median(timed.comm_forward_backward)},
+                  {"exposed_comm_optimizer_s", median(timed.comm_optimizer)},
+                  {"async_comm_s", median(timed.lane)},
                   {"overlap_comm", config.zero.overlaps(device.is_cuda())},
-                  {"compute_s", median - comm_mean},
+                  {"compute_s", step_median - comm_mean},
                   {"model_flops_per_step", flops_per_step},
                   {"achieved_flops", achieved},
                   {"gemm_limit_flops", cluster_limit},
                   {"mfu", mfu},
                   {"device", device.is_cuda() ? "cuda" : "cpu"},
-                  {"forward_backward_s", percentile(forward_backward_times, 0.5)},
-                  {"optimizer_s", percentile(optimizer_times, 0.5)},
+                  {"forward_backward_s", median(timed.forward_backward)},
+                  {"optimizer_s", median(timed.optimizer)},
                   {"peak_allocated_bytes", last.peak_allocated_bytes},
                   {"memory_device", last.memory_device},
                   {"threads_per_rank", torch_threads},

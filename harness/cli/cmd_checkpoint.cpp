@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "autotp/model/presets.h"
-#include "autotp/runtime/checkpointing.h"
-#include "autotp/runtime/error.h"
+#include "autotp/checkpoint/checkpointing.h"
+#include "autotp/base/error.h"
 #include "cli/cli.h"
 
 namespace autotp::cli {

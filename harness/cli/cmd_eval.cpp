@@ -6,8 +6,8 @@
 #include "autotp/data/token_sequences.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
 #include "cli/cli.h"
 
 namespace autotp::cli {
@@ -31,9 +31,7 @@ void register_eval(CLI::App& app) {
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
   cmd->callback([args] {
-    int launched = maybe_launch(args->world);
-    if (launched > 0) exit_with(launched);
-    if (launched == 0) return;
+    if (!run_as_rank(args->world)) return;
     auto source = resolve_model(args->model);
     auto dtype = parse_dtype(args->dtype);
     // Validate inputs before any rendezvous so bad input fails fast on every rank.

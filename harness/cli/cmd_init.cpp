@@ -5,7 +5,7 @@
 
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "cli/cli.h"
 
 namespace autotp::cli {

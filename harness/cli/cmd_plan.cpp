@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/json_file.h"
+#include "autotp/base/error.h"
+#include "autotp/base/json_file.h"
 #include "cli/cli.h"
 
 namespace autotp::cli {

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 #include "cli/cli.h"
 #include "launcher/launcher.h"
 #include "scenario/scenario_runner.h"

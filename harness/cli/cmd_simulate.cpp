@@ -13,10 +13,11 @@
 #include "autotp/comm/dist_env.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/host_cpu.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/json_file.h"
-#include "autotp/runtime/log.h"
+#include "autotp/base/host_cpu.h"
+#include "autotp/base/error.h"
+#include "autotp/base/quantile.h"
+#include "autotp/base/json_file.h"
+#include "autotp/base/log.h"
 #include "cli/cli.h"
 #include "simulator/calibration.h"
 #include "simulator/simulator.h"
@@ -262,9 +263,9 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   auto result = sim::simulate(model, cluster, layout_from(a, cluster));
   std::vector<double> times;
   for (size_t i = first; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
-  std::sort(times.begin(), times.end());
   // The 10th percentile beside the median: within a run the steal comes in bursts.
-  const double step = times[times.size() / 2], fastest = times.front(), p10 = times[times.size() / 10];
+  const double step = median(times), fastest = *std::min_element(times.begin(), times.end()),
+               p10 = quantile(times, 0.1);
   int64_t peak = 0;
   for (const auto& r : last.at("memory").at("ranks")) peak = std::max(peak, r.at("peak_allocated_bytes").get<int64_t>());
   const double step_error = result.time.step_s / step - 1, peak_error = static_cast<double>(result.memory.total) / peak - 1;
@@ -379,11 +380,7 @@ void register_simulate(CLI::App& app) {
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
   cmd->callback([args] {
-    if (args->calibrate) {
-      int launched = maybe_launch(args->world);
-      if (launched > 0) exit_with(launched);
-      if (launched == 0) return;
-    }
+    if (args->calibrate && !run_as_rank(args->world)) return;
     run(*args);
   });
 }

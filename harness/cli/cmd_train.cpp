@@ -8,9 +8,9 @@
 #include "autotp/data/dataset.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
-#include "autotp/runtime/checkpointing.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
+#include "autotp/checkpoint/checkpointing.h"
 #include "autotp/runtime/trainer.h"
 #include "cli/cli.h"
 
@@ -21,6 +21,47 @@ namespace {
 std::string format_duration(double seconds) {
   int s = static_cast<int>(std::lround(seconds));
   return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02d}s", s / 60, s % 60);
+}
+
+// The step's metrics line: rank 0's metrics with every rank's memory (a
+// collective: every rank calls it; only rank 0 gets the line, the others null).
+nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& topology, const TrainConfig& config) {
+  auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
+                             m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
+                             m.activations_peak_bytes, m.peak_reserved_bytes, m.peak_gathered_params_bytes,
+                             m.peak_gradient_buckets_bytes},
+                            torch::kLong);
+  auto all = topology.world().all_gather(mine.view({1, -1}), 0);
+  if (topology.rank() != 0) return nullptr;
+  nlohmann::json line = m.to_json();
+  line["layout"] = {{"tp", topology.tp_size()}, {"dp", topology.dp_size()}, {"zero_stage", config.zero.stage},
+                    {"world", topology.world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())},
+                    {"overlap_comm", config.zero.overlaps(trainer.model().device().is_cuda())}};
+  const char* keys[] = {"params", "grads", "master_weights", "optimizer_states", "peak_rss_bytes",
+                        "peak_allocated_bytes", "activations_peak_bytes", "peak_reserved_bytes",
+                        "peak_gathered_params_bytes", "peak_gradient_buckets_bytes"};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < topology.world_size(); ++r) {
+    nlohmann::json rank = {{"rank", r}};
+    for (int k = 0; k < 10; ++k) rank[keys[k]] = all[r][k].item<int64_t>();
+    ranks.push_back(std::move(rank));
+  }
+  line["memory"]["ranks"] = ranks;
+  return line;
+}
+
+// The progress line on stderr: rewritten in place on a terminal, every
+// steps_per_print steps (and the first and last) otherwise.
+void print_progress(const StepMetrics& m, const TrainConfig& config, int64_t steps, double eta_s, bool last) {
+  std::string progress = fmt::format("step {}/{} loss {:.4f} grad_norm {:.3f} lr {:.3g} {:.0f} tok/s ETA {}", m.step,
+                                     steps, m.loss, m.grad_norm, m.lr, m.tokens_per_s, format_duration(eta_s));
+  if (config.wall_clock_breakdown)
+    progress += fmt::format(" (forward+backward {:.3f}s, optimizer {:.3f}s)", m.forward_backward_s, m.optimizer_s);
+  static const bool tty = isatty(STDERR_FILENO);
+  if (tty)
+    std::cerr << "\r" << progress << "\033[K" << (last ? "\n" : "") << std::flush;
+  else if (m.step == 1 || last || m.step % config.steps_per_print == 0)
+    std::cerr << progress << "\n";
 }
 
 }  // namespace
@@ -57,9 +98,7 @@ void register_train(CLI::App& app) {
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
   cmd->callback([args] {
-    int launched = maybe_launch(args->world);
-    if (launched > 0) exit_with(launched);
-    if (launched == 0) return;
+    if (!run_as_rank(args->world)) return;
     // Everything that can be checked without the others is checked before the rendezvous.
     auto config = TrainConfig::from_file(args->config);
     if (args->seed) config.seed = *args->seed;
@@ -107,7 +146,6 @@ void register_train(CLI::App& app) {
       metrics.open(args->metrics);
       AUTOTP_USER_CHECK(metrics.good(), "--metrics {}: cannot open for writing", args->metrics);
     }
-    const bool tty = isatty(STDERR_FILENO);
     double elapsed = 0;
     for (int64_t s = first_step; s < args->steps; ++s) {
       StepMetrics m = trainer.train_step();
@@ -117,45 +155,11 @@ void register_train(CLI::App& app) {
         saved_at = m.step;
       }
       // Every rank's memory goes into rank 0's line.
-      auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
-                                 m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
-                                 m.activations_peak_bytes, m.peak_reserved_bytes, m.peak_gathered_params_bytes,
-                                 m.peak_gradient_buckets_bytes},
-                                torch::kLong);
-      auto all = topology->world().all_gather(mine.view({1, -1}), 0);
-      if (topology->rank() != 0) continue;
-      nlohmann::json line = m.to_json();
-      line["layout"] = {{"tp", topology->tp_size()}, {"dp", topology->dp_size()}, {"zero_stage", config.zero.stage},
-                        {"world", topology->world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())},
-                        {"overlap_comm", config.zero.overlaps(trainer.model().device().is_cuda())}};
-      nlohmann::json ranks = nlohmann::json::array();
-      for (int r = 0; r < topology->world_size(); ++r) {
-        auto row = all[r];
-        ranks.push_back({{"rank", r},
-                         {"params", row[0].item<int64_t>()},
-                         {"grads", row[1].item<int64_t>()},
-                         {"master_weights", row[2].item<int64_t>()},
-                         {"optimizer_states", row[3].item<int64_t>()},
-                         {"peak_rss_bytes", row[4].item<int64_t>()},
-                         {"peak_allocated_bytes", row[5].item<int64_t>()},
-                         {"activations_peak_bytes", row[6].item<int64_t>()},
-                         {"peak_reserved_bytes", row[7].item<int64_t>()},
-                         {"peak_gathered_params_bytes", row[8].item<int64_t>()},
-                         {"peak_gradient_buckets_bytes", row[9].item<int64_t>()}});
-      }
-      line["memory"]["ranks"] = ranks;
+      nlohmann::json line = metrics_line(m, trainer, *topology, config);
+      if (line.is_null()) continue;
       if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;
-      double eta = elapsed / (s + 1 - first_step) * (args->steps - s - 1);
-      std::string progress = fmt::format("step {}/{} loss {:.4f} grad_norm {:.3f} lr {:.3g} {:.0f} tok/s ETA {}",
-                                         m.step, args->steps, m.loss, m.grad_norm, m.lr, m.tokens_per_s,
-                                         format_duration(eta));
-      if (config.wall_clock_breakdown)
-        progress += fmt::format(" (forward+backward {:.3f}s, optimizer {:.3f}s)", m.forward_backward_s, m.optimizer_s);
-      const bool last = s + 1 == args->steps;
-      if (tty)
-        std::cerr << "\r" << progress << "\033[K" << (last ? "\n" : "") << std::flush;
-      else if (m.step == 1 || last || m.step % config.steps_per_print == 0)
-        std::cerr << progress << "\n";
+      const double eta = elapsed / static_cast<double>(s + 1 - first_step) * static_cast<double>(args->steps - s - 1);
+      print_progress(m, config, args->steps, eta, s + 1 == args->steps);
     }
     if (!args->save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args->save, save_options);
     if (!args->export_hf.empty()) export_hf(trainer, args->export_hf, export_options);

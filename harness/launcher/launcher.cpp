@@ -24,8 +24,8 @@
 #include <system_error>
 #include <thread>
 
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
 
 extern char** environ;
 

@@ -18,8 +18,9 @@
 #include "autotp/comm/process_group.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/device.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/device.h"
+#include "autotp/base/error.h"
+#include "autotp/base/quantile.h"
 #include "autotp/runtime/trainer.h"
 #include "autotp/tp/tp_plan.h"
 #include "autotp/zero/zero_optimizer.h"
@@ -63,21 +64,6 @@ std::vector<json> read_lines(const std::string& path) {
 int64_t count_lines(const std::string& path) {
   std::ifstream in(path);
   return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
-}
-
-double quantile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  // Nearest rank: the smallest value with at least q of the values at or below it.
-  size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(values.size())));
-  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 json state_bytes(const ModelStateBytes& b) {

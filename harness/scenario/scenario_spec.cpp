@@ -5,13 +5,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cmath>
 #include <set>
 
 #include "autotp/data/dataset.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/json_file.h"
+#include "autotp/base/error.h"
+#include "autotp/base/strict_json.h"
+#include "autotp/base/json_file.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp::scenario {
@@ -29,60 +29,23 @@ const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kCheckTypes = {"loss_agreement", "ratio", "memory_ratio", "model_states_analytic",
                                               "no_failed_runs", "loss_decreases"};
 
-
-// A JSON object of the scenario file whose keys are checked against `allowed`.
-// Errors read "FILE: WHERE.key ...".
-class Object {
+// The scenario's reader: JsonSection (unknown keys with a "did you mean", typed
+// getters) plus the getters scenario files need. Errors read "FILE: WHERE.key ...".
+class Section : public JsonSection {
  public:
-  Object(const json& j, std::string where, std::string file, const std::vector<std::string>& allowed)
-      : j_(j), where_(std::move(where)), file_(std::move(file)) {
-    if (!j_.is_object()) fail("{} must be an object, got {}", where_.empty() ? "the scenario" : where_, j_.dump());
-    for (const auto& item : j_.items()) {
-      if (std::find(allowed.begin(), allowed.end(), item.key()) != allowed.end()) continue;
-      std::string suggestion = closest_key(item.key(), allowed);
-      if (!suggestion.empty()) fail("unknown key '{}' (did you mean '{}'?)", path(item.key()), path(suggestion));
-      fail("unknown key '{}' (allowed: {})", path(item.key()), fmt::join(allowed, ", "));
-    }
-  }
+  Section(const json& j, const std::string& where, const std::string& file, std::vector<std::string> allowed)
+      : JsonSection(object_or_fail(j, where, file), where, file, std::move(allowed)) {}
 
-  std::string path(const std::string& key) const { return where_.empty() ? key : where_ + "." + key; }
-  bool has(const std::string& key) const { return j_.contains(key); }
-  const json& at(const std::string& key) const { return j_.at(key); }
-
-  std::string string(const std::string& key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    if (!at(key).is_string()) wrong(key, "a string");
-    return at(key).get<std::string>();
-  }
   std::string required_string(const std::string& key, const std::string& what) const {
-    if (!has(key)) fail("{} is missing ({})", path(key), what);
+    if (!has(key)) fail("{} is missing ({})", where(key), what);
     return string(key, "");
   }
+  // Values outside int64 are "not an integer" (JsonSection), never wrapped.
   int64_t integer(const std::string& key, int64_t fallback, int64_t min_value) const {
-    if (!has(key)) return fallback;
-    return integer_value(at(key), path(key), min_value);
-  }
-  int64_t integer_value(const json& v, const std::string& where, int64_t min_value) const {
-    int64_t value = 0;
-    if (v.is_number_integer()) {
-      value = v.get<int64_t>();
-    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-      value = static_cast<int64_t>(v.get<double>());
-    } else {
-      fail("{} must be an integer, got {}", where, v.dump());
-    }
-    if (value < min_value) fail("{} is {} (allowed: an integer >= {})", where, value, min_value);
+    int64_t value = JsonSection::integer(key, fallback);
+    if (has(key) && value < min_value)
+      fail("{} is {} (allowed: an integer >= {})", where(key), value, min_value);
     return value;
-  }
-  double number(const std::string& key, double fallback) const {
-    if (!has(key)) return fallback;
-    if (!at(key).is_number()) wrong(key, "a number");
-    return at(key).get<double>();
-  }
-  bool boolean(const std::string& key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!at(key).is_boolean()) wrong(key, "true or false");
-    return at(key).get<bool>();
   }
   json object(const std::string& key) const {
     if (!has(key)) return json::object();
@@ -100,19 +63,16 @@ class Object {
     return out;
   }
 
-  template <typename... Args>
-  [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) const {
-    std::string message = fmt::format(format, std::forward<Args>(args)...);
-    throw UserError(file_.empty() ? message : file_ + ": " + message);
-  }
-
  private:
-  [[noreturn]] void wrong(const std::string& key, const char* expected) const {
-    fail("{} must be {}, got {}", path(key), expected, at(key).dump());
+  // JsonSection calls a non-object top "the config"; here it is "the scenario".
+  static const json& object_or_fail(const json& j, const std::string& where, const std::string& file) {
+    if (j.is_object() || !where.empty()) return j;
+    std::string message = "the scenario must be an object, got " + j.dump();
+    throw UserError(file.empty() ? message : file + ": " + message);
   }
-  const json& j_;
-  std::string where_;
-  std::string file_;
+  [[noreturn]] void wrong(const std::string& key, const char* expected) const {
+    fail("{} must be {}, got {}", where(key), expected, at(key).dump());
+  }
 };
 
 std::string resolve_path(const std::string& path, const std::string& base_dir) {
@@ -120,14 +80,14 @@ std::string resolve_path(const std::string& path, const std::string& base_dir) {
   return base_dir + "/" + path;
 }
 
-ModelSpec parse_model(const json& j, const std::string& key, const std::string& where, const Object& top,
+ModelSpec parse_model(const json& j, const std::string& key, const std::string& where, const Section& top,
                       const std::string& base_dir) {
   ModelSpec m;
   m.key = key;
   if (j.is_string()) {
     m.source = j.get<std::string>();
   } else {
-    Object o(j, where, "", {"source", "overrides"});
+    Section o(j, where, "", {"source", "overrides"});
     try {
       m.source = o.required_string("source", "preset:NAME or an HF model directory");
       m.overrides = o.object("overrides");
@@ -165,13 +125,13 @@ struct Layout {
 };
 
 // Reads the layout keys of a baseline or an explicit variant over `defaults`.
-Layout parse_layout(const Object& o, Layout layout, const std::map<std::string, ModelSpec>& models) {
+Layout parse_layout(const Section& o, Layout layout, const std::map<std::string, ModelSpec>& models) {
   layout.tp = static_cast<int>(o.integer("tp", layout.tp, 1));
   layout.zero_stage = static_cast<int>(o.integer("zero_stage", layout.zero_stage, 0));
-  if (layout.zero_stage > 3) o.fail("{} is {} (allowed: 0, 1, 2, 3)", o.path("zero_stage"), layout.zero_stage);
+  if (layout.zero_stage > 3) o.fail("{} is {} (allowed: 0, 1, 2, 3)", o.where("zero_stage"), layout.zero_stage);
   layout.dtype = o.string("dtype", layout.dtype);
   if (std::find(kDtypes.begin(), kDtypes.end(), layout.dtype) == kDtypes.end())
-    o.fail("{} is \"{}\" (allowed: {})", o.path("dtype"), layout.dtype, fmt::join(kDtypes, ", "));
+    o.fail("{} is \"{}\" (allowed: {})", o.where("dtype"), layout.dtype, fmt::join(kDtypes, ", "));
   layout.micro_batch = o.integer("micro_batch", layout.micro_batch, 1);
   if (o.has("activation_checkpointing")) {
     const json& ac = o.at("activation_checkpointing");
@@ -181,7 +141,7 @@ Layout parse_layout(const Object& o, Layout layout, const std::map<std::string, 
       layout.recompute = ac.get<std::string>();
     else
       o.fail("{} is {} (allowed: \"off\", \"selective\", \"full\", true = \"full\", false = \"off\")",
-             o.path("activation_checkpointing"), ac.dump());
+             o.where("activation_checkpointing"), ac.dump());
   }
   if (o.has("overrides")) layout.overrides = merged(layout.overrides, o.object("overrides"));
   if (o.has("model")) {
@@ -190,7 +150,7 @@ Layout parse_layout(const Object& o, Layout layout, const std::map<std::string, 
       std::vector<std::string> keys;
       for (const auto& [k, _] : models) keys.push_back(k);
       std::string suggestion = closest_key(layout.model, keys);
-      o.fail("{} is \"{}\", not a key of \"models\"{} (allowed: {})", o.path("model"), layout.model,
+      o.fail("{} is \"{}\", not a key of \"models\"{} (allowed: {})", o.where("model"), layout.model,
              suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(keys, ", "));
     }
   }
@@ -285,7 +245,7 @@ std::string sweep_name(const Layout& l, const json& sweep) {
   return name;
 }
 
-CheckSpec parse_check(const json& j, size_t index, const Object& top) {
+CheckSpec parse_check(const json& j, size_t index, const Section& top) {
   const std::string where = fmt::format("checks[{}]", index);
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
     top.fail("{} must be an object with a \"type\" (allowed: {}), got {}", where, fmt::join(kCheckTypes, ", "),
@@ -305,14 +265,14 @@ CheckSpec parse_check(const json& j, size_t index, const Object& top) {
   if (c.type == "model_states_analytic") keys.push_back("variants");
   if (c.type == "loss_decreases") keys.insert(keys.end(), {"variants", "min_drop"});
   try {
-    Object checked(j, where, "", keys);
+    Section checked(j, where, "", keys);
     c.variants = checked.strings("variants");
     if (c.type == "loss_agreement") {
       c.metric = checked.string("metric", "loss");
       if (c.metric != "loss" && c.metric != "grad_norm")
-        checked.fail("{} is \"{}\" (allowed: loss, grad_norm)", checked.path("metric"), c.metric);
+        checked.fail("{} is \"{}\" (allowed: loss, grad_norm)", checked.where("metric"), c.metric);
       c.max_rel_diff = checked.number("max_rel_diff", c.max_rel_diff);
-      if (c.max_rel_diff < 0) checked.fail("{} must be >= 0", checked.path("max_rel_diff"));
+      if (c.max_rel_diff < 0) checked.fail("{} must be >= 0", checked.where("max_rel_diff"));
     }
     if (c.type == "ratio") {
       c.variant = checked.required_string("variant", "the variant whose metric is the numerator");
@@ -321,13 +281,13 @@ CheckSpec parse_check(const json& j, size_t index, const Object& top) {
       const auto& metrics = ratio_metrics();
       if (std::find(metrics.begin(), metrics.end(), c.metric) == metrics.end()) {
         std::string suggestion = closest_key(c.metric, metrics);
-        checked.fail("{} is \"{}\"{} (allowed: {})", checked.path("metric"), c.metric,
+        checked.fail("{} is \"{}\"{} (allowed: {})", checked.where("metric"), c.metric,
                      suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion),
                      fmt::join(metrics, ", "));
       }
       c.rank = checked.string("rank", "max");
       if (c.rank != "max" && c.rank != "rank0")
-        checked.fail("{} is \"{}\" (allowed: max, rank0)", checked.path("rank"), c.rank);
+        checked.fail("{} is \"{}\" (allowed: max, rank0)", checked.where("rank"), c.rank);
       c.min = checked.number("min", c.min);
       c.max = checked.number("max", c.max);
       if (!checked.has("min") && !checked.has("max"))
@@ -340,51 +300,39 @@ CheckSpec parse_check(const json& j, size_t index, const Object& top) {
   return c;
 }
 
-}  // namespace
-
-const std::vector<std::string>& ratio_metrics() {
-  static const std::vector<std::string> metrics = {
-      "model_states.params",  "model_states.grads",  "model_states.master_weights",
-      "model_states.optimizer_states", "model_states.total", "peak_allocated_bytes",
-      "activations_peak_bytes", "peak_rss_bytes", "step_time_s", "tokens_per_s"};
-  return metrics;
-}
-
-json merged(json target, const json& patch) {
-  target.merge_patch(patch);
-  return target;
-}
-
-ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, const std::string& base_dir) {
-  Object top(j, "", file, kTopKeys);
-  ScenarioSpec s;
-  s.file = file;
-  s.base_dir = base_dir;
+// "name" defaults to the file's stem.
+std::string default_name(const std::string& file) {
   std::string stem = file.substr(file.find_last_of('/') + 1);
   stem = stem.substr(0, stem.find('.'));
-  s.name = top.string("name", stem.empty() ? "scenario" : stem);
-  s.description = top.string("description", "");
+  return stem.empty() ? "scenario" : stem;
+}
 
-  // Models: one "model", or named "models" (each baseline runs once per model).
+// One "model", or named "models" (each baseline runs once per model).
+std::map<std::string, ModelSpec> read_models(const Section& top, const std::string& base_dir) {
   if (top.has("model") == top.has("models"))
     top.fail("give exactly one of \"model\" (preset:NAME or an HF directory) and \"models\" ({{\"key\": model}})");
+  std::map<std::string, ModelSpec> models;
   if (top.has("model")) {
-    s.models[""] = parse_model(top.at("model"), "", "model", top, base_dir);
-  } else {
-    const json models = top.object("models");
-    if (models.empty()) top.fail("models is empty (give at least one {{\"key\": model}})");
-    for (const auto& item : models.items())
-      s.models[item.key()] = parse_model(item.value(), item.key(), "models." + item.key(), top, base_dir);
+    models[""] = parse_model(top.at("model"), "", "model", top, base_dir);
+    return models;
   }
+  const json listed = top.object("models");
+  if (listed.empty()) top.fail("models is empty (give at least one {{\"key\": model}})");
+  for (const auto& item : listed.items())
+    models[item.key()] = parse_model(item.value(), item.key(), "models." + item.key(), top, base_dir);
+  return models;
+}
 
+// "data", "steps" and "seq_len". The data must open for every model, as
+// `autotp train` will open it (format, ids, seq_len).
+void read_data(const Section& top, ScenarioSpec& s) {
   std::string data = top.required_string("data", "a training data file relative to the scenario file, see docs/data.md");
-  s.data = resolve_path(data, base_dir);
+  s.data = resolve_path(data, s.base_dir);
   if (!std::filesystem::is_regular_file(s.data)) top.fail("data '{}': no such file {}", data, s.data);
   s.steps = top.integer("steps", s.steps, 1);
   s.seq_len = top.integer("seq_len", s.seq_len, 0);
   const bool token_arrays = s.data.size() >= 5 && s.data.substr(s.data.size() - 5) == ".json";
   if (s.seq_len == 0 && !token_arrays) top.fail("seq_len is missing (required except for .json token arrays)");
-  // The data must open for every model, as `autotp train` will open it (format, ids, seq_len).
   for (const auto& [key, model] : s.models) {
     DataOptions data_options;
     data_options.seq_len = s.seq_len;
@@ -395,6 +343,10 @@ ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, con
       top.fail("data: {}", e.what());
     }
   }
+}
+
+// How every variant runs: seed, world, backend and device, threads, timeout and the base DeepSpeed "config".
+void read_run_settings(const Section& top, ScenarioSpec& s) {
   s.seed = static_cast<uint64_t>(top.integer("seed", static_cast<int64_t>(s.seed), 0));
   if (!top.has("world_size")) top.fail("world_size is missing (the number of ranks every variant runs on)");
   s.world_size = static_cast<int>(top.integer("world_size", 0, 1));
@@ -415,142 +367,208 @@ ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, con
   } catch (const UserError& e) {
     top.fail("{}", e.what());
   }
+}
 
-  // Baselines: one per model.
+// The layout variants and sweep points start from, and each model's baseline variant.
+struct Baselines {
+  Layout layout;
+  std::map<std::string, std::string> of_model;  // model key -> baseline name
+};
+
+// "baseline": one variant per model, each of which must run.
+Baselines read_baselines(const Section& top, ScenarioSpec& s, Expander& expander) {
   Layout defaults;
   defaults.model = s.models.begin()->first;
   std::string baseline_name = "baseline";
-  Layout baseline = defaults;
+  Baselines baselines;
+  baselines.layout = defaults;
   if (top.has("baseline")) {
-    Object b(top.at("baseline"), "baseline", file, [] {
-      auto keys = kLayoutKeys;
-      keys.push_back("name");
-      keys.erase(std::find(keys.begin(), keys.end(), "model"));
-      return keys;
-    }());
+    auto keys = kLayoutKeys;
+    keys.push_back("name");
+    keys.erase(std::find(keys.begin(), keys.end(), "model"));  // the baseline runs on every model
+    Section b(top.at("baseline"), "baseline", s.file, keys);
     baseline_name = b.string("name", baseline_name);
-    baseline = parse_layout(b, defaults, s.models);
+    baselines.layout = parse_layout(b, defaults, s.models);
   }
-  Expander expander(s);
-  std::map<std::string, std::string> baseline_of;  // model key -> baseline name
   for (const auto& [key, model] : s.models) {
-    Layout l = baseline;
+    Layout l = baselines.layout;
     l.model = key;
     std::string name = key.empty() ? baseline_name : baseline_name + "_" + key;
     std::string reason = expander.add(name, l, true, name);
     if (!reason.empty())
       top.fail("baseline '{}' ({}) cannot run on world {}: {}", name, layout_summary(l), s.world_size, reason);
-    baseline_of[key] = name;
+    baselines.of_model[key] = name;
   }
+  return baselines;
+}
 
-  // Explicit variants: every one must run.
-  if (top.has("variants")) {
-    if (!top.at("variants").is_array()) top.fail("variants must be an array of objects");
-    size_t i = 0;
-    for (const auto& item : top.at("variants")) {
-      std::string where = fmt::format("variants[{}]", i++);
-      auto keys = kLayoutKeys;
-      keys.insert(keys.end(), {"name", "kind", "simulate"});
-      Object o(item, where, file, keys);
-      std::string name = o.required_string("name", "a unique name for the variant");
-      std::string kind = o.string("kind", "train");
-      if (kind != "train" && kind != "simulate") o.fail("{} is \"{}\" (allowed: train, simulate)", o.path("kind"), kind);
-      Layout l = parse_layout(o, baseline, s.models);
-      if (!o.has("model")) l.model = defaults.model;
-      std::string reason = expander.add(name, l, false, baseline_of.at(l.model), kind);
-      if (!reason.empty())
-        o.fail("variant '{}' ({}) cannot run on world {}: {}", name, layout_summary(l), s.world_size, reason);
-      VariantSpec& v = s.variants.back();
-      if (kind == "simulate") {
-        v.simulate_args = o.strings("simulate");
-        if (v.simulate_args.empty())
-          o.fail("{} is missing (the arguments of `autotp simulate` for a simulate variant)", o.path("simulate"));
-      }
-    }
+// variants[index]: unlike a sweep point, an explicit variant must run.
+void read_variant(const json& item, size_t index, ScenarioSpec& s, Expander& expander,
+                  const Baselines& baselines) {
+  auto keys = kLayoutKeys;
+  keys.insert(keys.end(), {"name", "kind", "simulate"});
+  Section o(item, fmt::format("variants[{}]", index), s.file, keys);
+  std::string name = o.required_string("name", "a unique name for the variant");
+  std::string kind = o.string("kind", "train");
+  if (kind != "train" && kind != "simulate") o.fail("{} is \"{}\" (allowed: train, simulate)", o.where("kind"), kind);
+  Layout l = parse_layout(o, baselines.layout, s.models);
+  if (!o.has("model")) l.model = s.models.begin()->first;
+  std::string reason = expander.add(name, l, false, baselines.of_model.at(l.model), kind);
+  if (!reason.empty())
+    o.fail("variant '{}' ({}) cannot run on world {}: {}", name, layout_summary(l), s.world_size, reason);
+  if (kind == "simulate") {
+    VariantSpec& v = s.variants.back();
+    v.simulate_args = o.strings("simulate");
+    if (v.simulate_args.empty())
+      o.fail("{} is missing (the arguments of `autotp simulate` for a simulate variant)", o.where("simulate"));
   }
+}
 
-  // The sweep: every combination of its axes; those that cannot run are skipped with the reason.
-  if (top.has("sweep")) {
-    const json& sweep = top.at("sweep");
-    Object o(sweep, "sweep", file, {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing", "model",
-                                    "overrides", "exclude"});
-    auto axis = [&](const char* key, const json& fallback) {
-      if (!sweep.contains(key)) return json::array({fallback});
-      if (!sweep[key].is_array() || sweep[key].empty()) o.fail("{} must be a non-empty array", o.path(key));
-      return sweep[key];
-    };
-    json models = json::array();
-    if (sweep.contains("model")) {
-      models = axis("model", "");
-    } else {
-      for (const auto& [key, _] : s.models) models.push_back(key);
-    }
-    std::vector<json> excludes;
-    if (sweep.contains("exclude")) {
-      if (!sweep["exclude"].is_array()) o.fail("{} must be an array of objects", o.path("exclude"));
-      size_t i = 0;
-      for (const auto& e : sweep["exclude"]) {
-        auto keys = kLayoutKeys;
-        keys.push_back("reason");
-        Object(e, fmt::format("sweep.exclude[{}]", i++), file, keys);
-        excludes.push_back(e);
-      }
-    }
-    for (const auto& model : models)
-      for (const auto& tp : axis("tp", baseline.tp))
-        for (const auto& stage : axis("zero_stage", baseline.zero_stage))
-          for (const auto& dtype : axis("dtype", baseline.dtype))
-            for (const auto& micro : axis("micro_batch", baseline.micro_batch))
-              for (const auto& ac : axis("activation_checkpointing", baseline.recompute)) {
-                json point = {{"tp", tp}, {"zero_stage", stage}, {"dtype", dtype}, {"micro_batch", micro},
-                              {"activation_checkpointing", ac}, {"model", model}};
-                if (sweep.contains("overrides")) point["overrides"] = o.object("overrides");
-                if (micro == 0) point.erase("micro_batch");
-                Object p(point, "sweep", file, kLayoutKeys);
-                Layout l = parse_layout(p, baseline, s.models);
-                std::string name = sweep_name(l, sweep);
-                std::string reason;
-                for (const auto& e : excludes) {
-                  bool match = true;
-                  for (const auto& item : e.items())
-                    if (item.key() != "reason" && point.value(item.key(), json()) != item.value()) match = false;
-                  if (match) reason = "excluded by sweep.exclude: " + e.value("reason", std::string(e.dump()));
-                }
-                if (reason.empty()) reason = expander.add(name, l, false, baseline_of.at(l.model));
-                if (!reason.empty()) s.skipped.push_back({name, reason});
-              }
+void read_variants(const Section& top, ScenarioSpec& s, Expander& expander, const Baselines& baselines) {
+  if (!top.has("variants")) return;
+  if (!top.at("variants").is_array()) top.fail("variants must be an array of objects");
+  size_t i = 0;
+  for (const auto& item : top.at("variants")) read_variant(item, i++, s, expander, baselines);
+}
+
+// sweep.exclude: layouts (with a "reason") whose matching sweep points are skipped.
+std::vector<json> read_sweep_excludes(const Section& sweep, const std::string& file) {
+  std::vector<json> excludes;
+  if (!sweep.has("exclude")) return excludes;
+  if (!sweep.at("exclude").is_array()) sweep.fail("{} must be an array of objects", sweep.where("exclude"));
+  size_t i = 0;
+  for (const auto& e : sweep.at("exclude")) {
+    auto keys = kLayoutKeys;
+    keys.push_back("reason");
+    Section(e, fmt::format("sweep.exclude[{}]", i++), file, keys);  // checks the keys only
+    excludes.push_back(e);
   }
+  return excludes;
+}
+
+// Why `point` is excluded (the last matching entry wins), or "".
+std::string exclusion_reason(const json& point, const std::vector<json>& excludes) {
+  std::string reason;
+  for (const auto& e : excludes) {
+    bool match = true;
+    for (const auto& item : e.items())
+      if (item.key() != "reason" && point.value(item.key(), json()) != item.value()) match = false;
+    if (match) reason = "excluded by sweep.exclude: " + e.value("reason", std::string(e.dump()));
+  }
+  return reason;
+}
+
+// One combination of the sweep's axes; one that cannot run is skipped with the reason.
+void add_sweep_point(const json& point, const json& sweep, const std::vector<json>& excludes, ScenarioSpec& s,
+                     Expander& expander, const Baselines& baselines) {
+  Section p(point, "sweep", s.file, kLayoutKeys);
+  Layout l = parse_layout(p, baselines.layout, s.models);
+  std::string name = sweep_name(l, sweep);
+  std::string reason = exclusion_reason(point, excludes);
+  if (reason.empty()) reason = expander.add(name, l, false, baselines.of_model.at(l.model));
+  if (!reason.empty()) s.skipped.push_back({name, reason});
+}
+
+// "sweep": every combination of its axes.
+void read_sweep(const Section& top, ScenarioSpec& s, Expander& expander, const Baselines& baselines) {
+  if (!top.has("sweep")) return;
+  const json& sweep = top.at("sweep");
+  Section o(sweep, "sweep", s.file, {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing", "model",
+                                     "overrides", "exclude"});
+  auto axis = [&](const char* key, const json& fallback) {
+    if (!sweep.contains(key)) return json::array({fallback});
+    if (!sweep[key].is_array() || sweep[key].empty()) o.fail("{} must be a non-empty array", o.where(key));
+    return sweep[key];
+  };
+  json models = json::array();
+  if (sweep.contains("model")) {
+    models = axis("model", "");
+  } else {
+    for (const auto& [key, _] : s.models) models.push_back(key);
+  }
+  std::vector<json> excludes = read_sweep_excludes(o, s.file);
+  const Layout& baseline = baselines.layout;
+  for (const auto& model : models)
+    for (const auto& tp : axis("tp", baseline.tp))
+      for (const auto& stage : axis("zero_stage", baseline.zero_stage))
+        for (const auto& dtype : axis("dtype", baseline.dtype))
+          for (const auto& micro : axis("micro_batch", baseline.micro_batch))
+            for (const auto& ac : axis("activation_checkpointing", baseline.recompute)) {
+              json point = {{"tp", tp}, {"zero_stage", stage}, {"dtype", dtype}, {"micro_batch", micro},
+                            {"activation_checkpointing", ac}, {"model", model}};
+              if (sweep.contains("overrides")) point["overrides"] = o.object("overrides");
+              if (micro == 0) point.erase("micro_batch");
+              add_sweep_point(point, sweep, excludes, s, expander, baselines);
+            }
+}
+
+// "checks": the variants they name must exist (skipped ones are allowed: the check then reports them).
+void read_checks(const Section& top, ScenarioSpec& s) {
+  if (!top.has("checks")) return;
+  if (!top.at("checks").is_array()) top.fail("checks must be an array of objects");
+  std::vector<std::string> names;
+  for (const auto& v : s.variants) names.push_back(v.name);
+  for (const auto& sk : s.skipped) names.push_back(sk.name);
+  size_t i = 0;
+  for (const auto& item : top.at("checks")) {
+    CheckSpec c = parse_check(item, i, top);
+    std::vector<std::string> referenced = c.variants;
+    if (!c.variant.empty()) referenced.push_back(c.variant);
+    if (!c.of.empty()) referenced.push_back(c.of);
+    for (const auto& name : referenced) {
+      if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+      std::string suggestion = closest_key(name, names);
+      top.fail("checks[{}] names variant '{}', which the scenario does not define{} (variants: {})", i, name,
+               suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(names, ", "));
+    }
+    s.checks.push_back(std::move(c));
+    ++i;
+  }
+}
+
+// Every scenario checks that no run failed, whether or not it says so.
+void add_default_checks(ScenarioSpec& s) {
+  auto no_failed_runs = [](const CheckSpec& c) { return c.type == "no_failed_runs"; };
+  if (std::any_of(s.checks.begin(), s.checks.end(), no_failed_runs)) return;
+  CheckSpec c;
+  c.type = "no_failed_runs";
+  c.json = {{"type", "no_failed_runs"}, {"description", "added by default"}};
+  s.checks.push_back(c);
+}
+
+}  // namespace
+
+const std::vector<std::string>& ratio_metrics() {
+  static const std::vector<std::string> metrics = {
+      "model_states.params",  "model_states.grads",  "model_states.master_weights",
+      "model_states.optimizer_states", "model_states.total", "peak_allocated_bytes",
+      "activations_peak_bytes", "peak_rss_bytes", "step_time_s", "tokens_per_s"};
+  return metrics;
+}
+
+json merged(json target, const json& patch) {
+  target.merge_patch(patch);
+  return target;
+}
+
+ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, const std::string& base_dir) {
+  Section top(j, "", file, kTopKeys);
+  ScenarioSpec s;
+  s.file = file;
+  s.base_dir = base_dir;
+  s.name = top.string("name", default_name(file));
+  s.description = top.string("description", "");
+  s.models = read_models(top, base_dir);
+  read_data(top, s);
+  read_run_settings(top, s);
+  Expander expander(s);
+  Baselines baselines = read_baselines(top, s, expander);
+  read_variants(top, s, expander, baselines);
+  read_sweep(top, s, expander, baselines);
   if (s.variants.size() == s.models.size() && s.skipped.empty())
     top.fail("no variants: give \"variants\" and/or a \"sweep\" to compare with the baseline");
-
-  // Checks: names must exist (skipped ones are allowed: the check then reports them).
-  if (top.has("checks")) {
-    if (!top.at("checks").is_array()) top.fail("checks must be an array of objects");
-    size_t i = 0;
-    std::vector<std::string> names;
-    for (const auto& v : s.variants) names.push_back(v.name);
-    for (const auto& sk : s.skipped) names.push_back(sk.name);
-    for (const auto& item : top.at("checks")) {
-      CheckSpec c = parse_check(item, i, top);
-      std::vector<std::string> referenced = c.variants;
-      if (!c.variant.empty()) referenced.push_back(c.variant);
-      if (!c.of.empty()) referenced.push_back(c.of);
-      for (const auto& name : referenced) {
-        if (std::find(names.begin(), names.end(), name) != names.end()) continue;
-        std::string suggestion = closest_key(name, names);
-        top.fail("checks[{}] names variant '{}', which the scenario does not define{} (variants: {})", i, name,
-                 suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(names, ", "));
-      }
-      s.checks.push_back(std::move(c));
-      ++i;
-    }
-  }
-  if (std::none_of(s.checks.begin(), s.checks.end(), [](const CheckSpec& c) { return c.type == "no_failed_runs"; })) {
-    CheckSpec c;
-    c.type = "no_failed_runs";
-    c.json = {{"type", "no_failed_runs"}, {"description", "added by default"}};
-    s.checks.push_back(c);
-  }
+  read_checks(top, s);
+  add_default_checks(s);
   return s;
 }
 

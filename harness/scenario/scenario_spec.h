@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "autotp/model/model_config.h"
+#include "autotp/arch/model_config.h"
 #include "autotp/runtime/train_config.h"
 
 namespace autotp::scenario {

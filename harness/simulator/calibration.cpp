@@ -15,14 +15,14 @@
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
 #include "autotp/optim/grad_norm.h"
-#include "autotp/runtime/device.h"
+#include "autotp/base/device.h"
 #include "autotp/model/causal_lm.h"
 #include "autotp/model/presets.h"
 #include "autotp/optim/optimizer.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/host_cpu.h"
-#include "autotp/runtime/json_file.h"
-#include "autotp/runtime/log.h"
+#include "autotp/base/error.h"
+#include "autotp/base/host_cpu.h"
+#include "autotp/base/json_file.h"
+#include "autotp/base/log.h"
 #include "autotp/zero/flat_layout.h"
 #include "simulator/cluster_catalog.h"
 #include "simulator/memory_model.h"
@@ -253,51 +253,57 @@ Calibration Calibration::from_file(const std::string& path) {
   return from_json(read_json_file(path, "calibration file"), path);
 }
 
-Calibration run_calibration(const CalibrationOptions& options) {
-  DistEnv env = DistEnv::from_environment();
-  Calibration cal;
-  cal.world = env.world_size;
-  cal.threads_per_rank = at::get_num_threads();
-  cal.cores = static_cast<int>(std::thread::hardware_concurrency());
-  cal.model = options.model;
-  cal.micro_batch = options.micro_batch;
-  cal.seq_len = options.seq_len;
-  cal.memory_bytes = mem_total_bytes();
-  cal.device = options.device.is_cuda() ? "cuda" : "cpu";
-  g_device = options.device;
-  const auto on = torch::TensorOptions().device(options.device);
-  torch::NoGradGuard no_grad_default;
+namespace {
 
-  c10::intrusive_ptr<c10d::Store> store;
-  std::shared_ptr<Topology> world;
-  if (env.world_size > 1) {
-    store = create_tcp_store(env);
-    world = Topology::create_with_store(prefix_store("calibration_world", store), env.rank, env.world_size, {});
+std::vector<double> to_vector(const torch::Tensor& t) {
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+}
+
+// Seconds per call that a variant takes beyond its base, and base's seconds per call.
+struct Extra {
+  double base_s = 0, extra_s = 0;
+};
+
+// This rank's part in the calibrating world: the world's group (none when alone)
+// and how the ranks agree on what they measured.
+struct Session {
+  Session(const DistEnv& dist_env, const CalibrationOptions& calibration_options)
+      : env(dist_env),
+        options(calibration_options),
+        on(torch::TensorOptions().device(calibration_options.device)),
+        measures(dist_env.rank == 0) {
+    if (env.world_size > 1) {
+      store = create_tcp_store(env);
+      world = Topology::create_with_store(prefix_store("calibration_world", store), env.rank, env.world_size,
+                                          {});
+    }
   }
-  auto barrier = [&] {
+
+  void barrier() const {
     if (world) world->world().barrier();
-  };
-  auto to_vector = [](const torch::Tensor& t) {
-    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-  };
+  }
   // Every rank's seconds averaged over the world (the ranks ran at the same time).
-  auto average = [&](std::vector<double> seconds) {
+  std::vector<double> average(std::vector<double> seconds) const {
     if (!world) return seconds;
     auto t = torch::tensor(seconds, torch::kFloat64);
     world->world().all_reduce(t);
     return to_vector(t.div_(env.world_size));
-  };
-  // Compute costs are rank 0's, measured while the other ranks wait in this broadcast.
-  const bool measures = env.rank == 0;
-  auto from_rank0 = [&](std::vector<double> seconds) {
+  }
+  std::vector<double> from_rank0(std::vector<double> seconds) const {
     if (!world) return seconds;
     auto t = torch::tensor(seconds, torch::kFloat64);
     world->world().broadcast(t, 0);
     return to_vector(t);
-  };
+  }
   // Seconds per call of `fn` with every rank calling it at once, the same number of
   // times (it may hold collectives): the world's mean over 3 x `calls` calls, unstolen.
-  auto concurrent_seconds = [&](const std::function<void()>& fn, int calls) {
+  double concurrent_seconds(const std::function<void()>& fn, int calls) const {
     fn();  // warm-up
     barrier();
     StealWindow window;
@@ -306,15 +312,12 @@ Calibration run_calibration(const CalibrationOptions& options) {
     synchronize(g_device);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / (3 * calls);
     return average({seconds * window.kept_share()})[0];
-  };
-  const HostCpuTimes cpu_at_start = host_cpu_times();
+  }
   // Seconds per call that `variant` takes beyond `base`, both run by every rank at
   // once: alternating rounds of `calls` calls each, so that the machine's drift over
   // the measurement falls on both alike. Also returns base's seconds per call.
-  struct Extra {
-    double base_s = 0, extra_s = 0;
-  };
-  auto concurrent_extra = [&](const std::function<void()>& base, const std::function<void()>& variant, int calls) {
+  Extra concurrent_extra(const std::function<void()>& base, const std::function<void()>& variant,
+                         int calls) const {
     base();  // warm-up
     variant();
     barrier();
@@ -333,38 +336,68 @@ Calibration run_calibration(const CalibrationOptions& options) {
     }
     auto mean = average({base_s / (kRounds * calls), variant_s / (kRounds * calls)});
     return Extra{mean[0], mean[1] - mean[0]};
-  };
+  }
 
-  // GEMMs at the step shapes of the model at every tp that fits the world.
-  auto model = resolve_sim_model(options.model);
+  const DistEnv env;
+  const CalibrationOptions& options;
+  const torch::TensorOptions on;  // where the measured tensors live
+  // Compute costs are rank 0's, measured while the other ranks wait in from_rank0's broadcast.
+  const bool measures;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<Topology> world;  // null when alone
+};
+
+// What the calibration was made on and for, before anything is measured.
+Calibration describe_machine(const DistEnv& env, const CalibrationOptions& options) {
+  Calibration cal;
+  cal.world = env.world_size;
+  cal.threads_per_rank = at::get_num_threads();
+  cal.cores = static_cast<int>(std::thread::hardware_concurrency());
+  cal.model = options.model;
+  cal.micro_batch = options.micro_batch;
+  cal.seq_len = options.seq_len;
+  cal.memory_bytes = mem_total_bytes();
+  cal.device = options.device.is_cuda() ? "cuda" : "cpu";
+  return cal;
+}
+
+// GEMMs at the step shapes of the model at every tp that fits the world.
+std::vector<GemmShape> gemm_shapes(const Session& session, const ModelConfig& config) {
+  const int world_size = session.env.world_size;
   std::set<GemmShape> shapes;
-  for (int tp = 1; tp <= env.world_size; ++tp) {
-    if (env.world_size % tp != 0 || tp > model.config.num_heads) continue;
-    auto plan = build_plan(model.config, tp);
+  for (int tp = 1; tp <= world_size; ++tp) {
+    if (world_size % tp != 0 || tp > config.num_heads) continue;
+    auto plan = build_plan(config, tp);
     SimLayout layout;
-    layout.gpus = env.world_size;
+    layout.gpus = world_size;
     layout.tp = tp;
-    layout.micro_batch = options.micro_batch;
-    layout.seq_len = options.seq_len;
+    layout.micro_batch = session.options.micro_batch;
+    layout.seq_len = session.options.seq_len;
     for (int r = 0; r < tp; ++r)
-      for (const auto& [shape, count] : step_gemms(model.config, rank_shape(model.config, plan, r), layout))
+      for (const auto& [shape, count] : step_gemms(config, rank_shape(config, plan, r), layout))
         shapes.insert(shape);
   }
   // A few generic shapes so the fit also covers what the model list lacks.
   for (int64_t n : {64, 256, 512, 1024}) shapes.insert(GemmShape{n, n, n, 1});
-  std::vector<GemmShape> list(shapes.begin(), shapes.end());
+  return std::vector<GemmShape>(shapes.begin(), shapes.end());
+}
+
+// Rank 0's seconds at each shape (the others wait), and the fit over them.
+void measure_gemms(const Session& session, const ModelConfig& config, Calibration& cal) {
+  const auto& on = session.on;
+  const std::vector<GemmShape> list = gemm_shapes(session, config);
   std::vector<double> gemm_times;
   StealWindow gemm_window;
   for (const auto& s : list) {
-    if (!measures) {
+    if (!session.measures) {
       gemm_times.push_back(0);
       continue;
     }
     auto a = s.batch > 1 ? torch::randn({s.batch, s.m, s.k}, on) : torch::randn({s.m, s.k}, on);
     auto b = s.batch > 1 ? torch::randn({s.batch, s.k, s.n}, on) : torch::randn({s.k, s.n}, on);
-    gemm_times.push_back(time_call([&] { torch::matmul(a, b); }, options.seconds_per_point));
+    gemm_times.push_back(time_call([&] { torch::matmul(a, b); }, session.options.seconds_per_point));
   }
-  gemm_times = from_rank0(scaled(gemm_times, gemm_window.kept_share()));
+  gemm_times = session.from_rank0(scaled(gemm_times, gemm_window.kept_share()));
   std::vector<double> flops;
   for (size_t i = 0; i < list.size(); ++i) {
     cal.gemm_seconds[list[i]] = gemm_times[i];
@@ -372,255 +405,342 @@ Calibration run_calibration(const CalibrationOptions& options) {
     cal.gemm_peak_flops = std::max(cal.gemm_peak_flops, list[i].flops() / gemm_times[i]);
   }
   cal.gemm_fit = fit_linear_cost(flops, gemm_times);
+}
 
-  // Elementwise ops: forward, forward under autograd, forward + backward.
+// Elementwise ops: forward, forward under autograd, forward + backward.
+void measure_elementwise(const Session& session, Calibration& cal) {
+  const auto& on = session.on;
+  const double seconds_per_point = session.options.seconds_per_point;
   const std::vector<int64_t> sizes = {256, 4096, 65536, 1 << 20};
   std::vector<double> bytes, fwd, fwd_grad, fb;
   StealWindow elementwise_window;
   for (int64_t n : sizes) {
     bytes.push_back(3.0 * n * 4);
-    if (!measures) {
+    if (!session.measures) {
       fwd.push_back(0), fwd_grad.push_back(0), fb.push_back(0);
       continue;
     }
     auto x = torch::randn({n}, on), w = torch::randn({n}, on);
     auto xg = x.clone().requires_grad_(true), wg = w.clone().requires_grad_(true);
     auto g = torch::ones({n}, on);
-    fwd.push_back(time_call([&] { torch::mul(x, w); }, options.seconds_per_point));
+    fwd.push_back(time_call([&] { torch::mul(x, w); }, seconds_per_point));
     torch::AutoGradMode on(true);
-    fwd_grad.push_back(time_call([&] { torch::mul(xg, wg); }, options.seconds_per_point));
+    fwd_grad.push_back(time_call([&] { torch::mul(xg, wg); }, seconds_per_point));
     fb.push_back(time_call(
         [&] {
           xg.mutable_grad() = torch::Tensor();
           wg.mutable_grad() = torch::Tensor();
           torch::mul(xg, wg).backward(g);
         },
-        options.seconds_per_point));
+        seconds_per_point));
   }
   const double elementwise_share = elementwise_window.kept_share();
-  fwd = from_rank0(scaled(fwd, elementwise_share));
-  fwd_grad = from_rank0(scaled(fwd_grad, elementwise_share));
-  fb = from_rank0(scaled(fb, elementwise_share));
+  fwd = session.from_rank0(scaled(fwd, elementwise_share));
+  fwd_grad = session.from_rank0(scaled(fwd_grad, elementwise_share));
+  fb = session.from_rank0(scaled(fb, elementwise_share));
   cal.elementwise_forward = fit_linear_cost(bytes, fwd);
   cal.elementwise_forward_grad = fit_linear_cost(bytes, fwd_grad);
   cal.elementwise_forward_backward = fit_linear_cost(bytes, fb);
+}
 
-  // The optimizer step on partitions up to the model's size, as ZeroOptimizer::step runs it.
-  {
-    const int64_t total = std::max<int64_t>(4096, count_parameters(model.config));
-    std::vector<double> elements, seconds;
-    StealWindow optimizer_window;
-    for (int64_t n : {total / 8, total / 4, total / 2, total}) {
-      elements.push_back(static_cast<double>(n));
-      if (!measures) {
-        seconds.push_back(0);
-        continue;
-      }
-      OptimizerConfig adamw;
-      adamw.weight_decay = 0.01;
-      FlatOptimizer optimizer(adamw, n, options.device);
-      auto params = torch::randn({n}, on), grads = torch::randn({n}, on), mask = torch::ones({n}, on);
-      seconds.push_back(time_call(
-          [&] {
-            const double norm = std::sqrt(masked_sum_of_squares(grads, mask).item<double>());
-            grads.mul_(std::min(1.0, 1.0 / (norm + 1e-6)));
-            optimizer.step(params, grads, 1e-3);
-          },
-          options.seconds_per_point));
+// The optimizer step on partitions up to the model's size, as ZeroOptimizer::step runs it.
+void measure_optimizer_step(const Session& session, const ModelConfig& config, Calibration& cal) {
+  const auto& on = session.on;
+  const int64_t total = std::max<int64_t>(4096, count_parameters(config));
+  std::vector<double> elements, seconds;
+  StealWindow optimizer_window;
+  for (int64_t n : {total / 8, total / 4, total / 2, total}) {
+    elements.push_back(static_cast<double>(n));
+    if (!session.measures) {
+      seconds.push_back(0);
+      continue;
     }
-    seconds = from_rank0(scaled(seconds, optimizer_window.kept_share()));
-    cal.optimizer_step = fit_linear_cost(elements, seconds);
+    OptimizerConfig adamw;
+    adamw.weight_decay = 0.01;
+    FlatOptimizer optimizer(adamw, n, session.options.device);
+    auto params = torch::randn({n}, on), grads = torch::randn({n}, on), mask = torch::ones({n}, on);
+    seconds.push_back(time_call(
+        [&] {
+          const double norm = std::sqrt(masked_sum_of_squares(grads, mask).item<double>());
+          grads.mul_(std::min(1.0, 1.0 / (norm + 1e-6)));
+          optimizer.step(params, grads, 1e-3);
+        },
+        session.options.seconds_per_point));
+  }
+  seconds = session.from_rank0(scaled(seconds, optimizer_window.kept_share()));
+  cal.optimizer_step = fit_linear_cost(elements, seconds);
+}
+
+// The model's forward + backward at tp 1 (no communication): rank 0 alone against
+// the costs measured above gives the framework overhead per layer; every rank at
+// once gives the concurrency slowdown. Both are sampled at the start and again
+// after the collectives (a shared machine drifts), and averaged.
+struct Tp1Step {
+  Tp1Step(const ModelConfig& config, const CalibrationOptions& options)
+      : plan(build_plan(config, 1)),
+        shape(rank_shape(config, plan, 0)),
+        lm(config, plan, self, torch::kFloat32, options.device),
+        window(std::max(0.5, 10 * options.seconds_per_point)) {
+    lm.init_random(1);
+    ids = torch::randint(0, config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
   }
 
-  // The model's forward + backward at tp 1 (no communication): rank 0 alone against
-  // the costs measured above gives the framework overhead per layer; every rank at
-  // once gives the concurrency slowdown. Both are sampled at the start and again
-  // after the collectives (a shared machine drifts), and averaged.
-  Comm self;
-  const TpPlan plan1 = build_plan(model.config, 1);
-  const RankShape shape1 = rank_shape(model.config, plan1, 0);
-  CausalLM lm1(model.config, plan1, self, torch::kFloat32, options.device);
-  lm1.init_random(1);
-  auto ids1 = torch::randint(0, model.config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
-  auto step1 = [&] {
+  void run() {
     torch::AutoGradMode on(true);
-    lm1.token_losses(ids1, ids1).sum().backward();
-  };
-  const double window = std::max(0.5, 10 * options.seconds_per_point);
-  std::vector<double> alone_samples, concurrent_samples;
-  auto sample_alone = [&] {
+    lm.token_losses(ids, ids).sum().backward();
+  }
+  void sample_alone(const Session& session) {
     StealWindow alone_window;
-    std::vector<double> measured = {measures ? time_call(step1, window) : 0.0};
-    alone_samples.push_back(from_rank0(scaled(measured, alone_window.kept_share()))[0]);
-  };
-  sample_alone();
-  // Calls per round when every rank runs that step (about window / 3).
-  const int concurrent_calls = static_cast<int>(std::clamp(window / 3 / alone_samples[0], 3.0, 1000.0));
-  if (world) concurrent_samples.push_back(concurrent_seconds(step1, concurrent_calls));
-
-  // Collectives over Comm for every group size, world / size groups at once.
-  std::map<int, double> tp_step_s;  // the model's forward + backward at tp g, every tp group at once
-  if (world) {
-    const std::vector<int64_t> message = {64, 4096, 65536, 1 << 19, 1 << 22};
-    for (int g = 2; g <= env.world_size; ++g) {
-      if (env.world_size % g != 0) continue;
-      TopologyOptions topo_options;
-      topo_options.tp_size = g;
-      topo_options.backend = options.device.is_cuda() ? Backend::kNccl : Backend::kGloo;
-      auto topo = Topology::create_with_store(prefix_store("calibration_g" + std::to_string(g), store), env.rank,
-                                              env.world_size, topo_options);
-      std::vector<double> x, reduce, gather_bytes, gather;
-      StealWindow collectives_window;
-      for (int64_t b : message) {
-        auto t = torch::ones({std::max<int64_t>(1, b / 4)}, on);
-        auto local = torch::ones({std::max<int64_t>(1, b / 4 / g)}, on);
-        const int calls = b >= (1 << 22) ? 5 : b >= (1 << 19) ? 10 : 40;
-        barrier();
-        reduce.push_back(time_calls([&] { topo->tp().all_reduce(t); }, calls));
-        barrier();
-        gather.push_back(time_calls([&] { topo->tp().all_gather(local, 0); }, calls));
-        x.push_back(static_cast<double>(t.numel()) * 4);
-        gather_bytes.push_back(static_cast<double>(local.numel()) * 4 * g);
-      }
-      const double collectives_share = collectives_window.kept_share();
-      reduce = average(scaled(reduce, collectives_share));
-      gather = average(scaled(gather, collectives_share));
-      cal.all_reduce[g] = fit_linear_cost(x, reduce);
-      cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
-
-      // The same collectives inside a step: every rank runs the model's forward +
-      // backward and then a model-sized all-reduce and all-gather (ZeRO-1's
-      // gradients and parameters), or gathers each layer's ZeRO-3 span before the
-      // layer runs (twice: forward and recomputation), against the same without them.
-      {
-        // The layout whose dp groups these are: the model at tp = N / g over the
-        // complementary groups (strided ranks), or at tp 1 when that tp does not fit.
-        Comm& group = topo->tp();
-        const int model_tp = env.world_size / g;
-        std::unique_ptr<CausalLM> at_tp;
-        RankShape shape = shape1;
-        if (model_tp > 1 && model_tp <= model.config.num_heads) {
-          const TpPlan plan = build_plan(model.config, model_tp);
-          at_tp = std::make_unique<CausalLM>(model.config, plan, topo->dp(), torch::kFloat32, options.device);
-          at_tp->init_random(1);
-          shape = rank_shape(model.config, plan, topo->dp().rank());
-        }
-        CausalLM& lm = at_tp ? *at_tp : lm1;
-        auto step = [&] {
-          torch::AutoGradMode on(true);
-          lm.token_losses(ids1, ids1).sum().backward();
-        };
-        const FlatLayout flat = FlatLayout::build({shape.local_numel}, {}, g, 3);  // the ZeRO-3 cut over the group
-        const int64_t padded = flat.padded;
-        auto grads = torch::ones({padded}, on), share = torch::ones({flat.part}, on);
-        const int round_calls = std::max(2, concurrent_calls / 2);
-        const Extra dp = concurrent_extra(
-            step,
-            [&] {
-              step();
-              torch::NoGradGuard no_grad;
-              group.all_reduce(grads);
-              group.all_gather(share, 0);
-            },
-            round_calls);
-        if (!at_tp) concurrent_samples.push_back(dp.base_s);
-        const double back_to_back = cal.all_reduce[g].seconds(4.0 * padded) + cal.all_gather[g].seconds(4.0 * padded);
-        cal.step_collective_extra_s[g] = std::max(0.0, (dp.extra_s - back_to_back) / 2);
-
-        std::vector<std::vector<int64_t>> sizes;
-        std::vector<torch::Tensor> shares;
-        double layer_back_to_back = 0;
-        for (const FlatRange& r : shape.layer_ranges) {
-          // Each layer is its own unit, cut evenly over the group (flat_layout.h).
-          const std::vector<int64_t> extents(g, (r.end - r.begin + g - 1) / g);
-          shares.push_back(torch::ones({extents[group.rank()]}, on));
-          sizes.push_back(extents);
-          layer_back_to_back += 2 * cal.all_gather[g].seconds(4 * zero3_gather_elements(r, padded, g));
-        }
-        // Layers recompute in both runs (the calibrated ZeRO-3 step checkpoints every layer).
-        CausalLM::UseHooks no_gather, gather;
-        auto gather_layer = [&](int64_t use) {
-          if (use < 0 || use >= static_cast<int64_t>(shares.size())) return;
-          torch::NoGradGuard no_grad;
-          group.all_gather(shares[use], 0, sizes[use]);
-        };
-        gather.before_forward = gather_layer;
-        gather.before_backward = gather_layer;
-        lm.set_activation_checkpointing(std::vector<bool>(model.config.num_layers, true));
-        const Extra layers = concurrent_extra(
-            [&] {
-              lm.set_use_hooks(no_gather);
-              step();
-            },
-            [&] {
-              lm.set_use_hooks(gather);
-              step();
-            },
-            round_calls);
-        lm.set_use_hooks({});
-        lm.set_activation_checkpointing({});
-        cal.layer_gather_extra_s[g] =
-            std::max(0.0, (layers.extra_s - layer_back_to_back) / (2.0 * model.config.num_layers));
-      }
-
-      // The model's forward + backward at tp g, every tp group at once: what a layer
-      // costs at this tp beyond the GEMM, elementwise and lock-step collective costs
-      // (the tp autograd functions, waiting for the partner at each collective).
-      if (g <= model.config.num_heads) {
-        const TpPlan plan = build_plan(model.config, g);
-        CausalLM lm(model.config, plan, topo->tp(), torch::kFloat32, options.device);
-        lm.init_random(1);
-        auto gen = at::detail::createCPUGenerator(1);
-        auto ids =
-            torch::randint(model.config.vocab_size, {options.micro_batch, options.seq_len}, gen, torch::kLong);
-        torch::AutoGradMode on(true);
-        tp_step_s[g] = concurrent_seconds([&] { lm.token_losses(ids, ids).sum().backward(); }, concurrent_calls);
-      }
-    }
-    barrier();
+    std::vector<double> measured = {session.measures ? time_call([&] { run(); }, window) : 0.0};
+    alone_samples.push_back(session.from_rank0(scaled(measured, alone_window.kept_share()))[0]);
   }
-  sample_alone();
-  auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (double x : v) sum += x;
-    return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
-  };
-  const double alone_step_s = mean(alone_samples);
-  if (world) cal.concurrency_slowdown = std::max(1.0, mean(concurrent_samples) / alone_step_s);
-  {
-    SimLayout layout;
-    layout.gpus = 1;  // rank 0 alone: no slowdown
-    layout.micro_batch = options.micro_batch;
-    layout.seq_len = options.seq_len;
-    layout.dtype = torch::kFloat32;
-    auto t = estimate_time(model.config, shape1, layout, cpu_local_cluster(cal, "calibration"));
-    cal.layer_overhead_s = std::max(0.0, (alone_step_s - t.gemm_s - t.elementwise_s) / model.config.num_layers);
+  Comm self;
+  const TpPlan plan;
+  const RankShape shape;
+  CausalLM lm;
+  torch::Tensor ids;
+  const double window;
+  std::vector<double> alone_samples, concurrent_samples;
+};
+
+// Back-to-back all-reduce and all-gather over the tp groups of size g, world / g groups at once.
+void measure_collectives(const Session& session, Topology& topo, int g, Calibration& cal) {
+  const auto& on = session.on;
+  const std::vector<int64_t> message = {64, 4096, 65536, 1 << 19, 1 << 22};
+  std::vector<double> x, reduce, gather_bytes, gather;
+  StealWindow collectives_window;
+  for (int64_t b : message) {
+    auto t = torch::ones({std::max<int64_t>(1, b / 4)}, on);
+    auto local = torch::ones({std::max<int64_t>(1, b / 4 / g)}, on);
+    const int calls = b >= (1 << 22) ? 5 : b >= (1 << 19) ? 10 : 40;
+    session.barrier();
+    reduce.push_back(time_calls([&] { topo.tp().all_reduce(t); }, calls));
+    session.barrier();
+    gather.push_back(time_calls([&] { topo.tp().all_gather(local, 0); }, calls));
+    x.push_back(static_cast<double>(t.numel()) * 4);
+    gather_bytes.push_back(static_cast<double>(local.numel()) * 4 * g);
   }
-  // What a layer costs at tp g beyond the GEMM, elementwise and lock-step collective
-  // costs (the tp autograd functions, waiting for the partner at each collective),
-  // over the concurrency slowdown.
+  const double collectives_share = collectives_window.kept_share();
+  reduce = session.average(scaled(reduce, collectives_share));
+  gather = session.average(scaled(gather, collectives_share));
+  cal.all_reduce[g] = fit_linear_cost(x, reduce);
+  cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
+}
+
+// A forward + backward whose dp group is `group` (g ranks), with the ZeRO-3 cut
+// of its local parameters over that group.
+struct GroupStep {
+  Comm& group;
+  int g;
+  CausalLM& lm;
+  const RankShape& shape;
+  const FlatLayout& flat;
+  std::function<void()> step;
+  int round_calls;
+};
+
+// ZeRO-1's model-sized all-reduce (gradients) and all-gather (parameters) after
+// the step, per collective beyond the back-to-back fits.
+Extra measure_step_collective_extra(const Session& session, const GroupStep& gs, Calibration& cal) {
+  const auto& on = session.on;
+  const int g = gs.g;
+  const int64_t padded = gs.flat.padded;
+  auto grads = torch::ones({padded}, on), share = torch::ones({gs.flat.part}, on);
+  const Extra dp = session.concurrent_extra(
+      gs.step,
+      [&] {
+        gs.step();
+        torch::NoGradGuard no_grad;
+        gs.group.all_reduce(grads);
+        gs.group.all_gather(share, 0);
+      },
+      gs.round_calls);
+  const double back_to_back =
+      cal.all_reduce[g].seconds(4.0 * padded) + cal.all_gather[g].seconds(4.0 * padded);
+  cal.step_collective_extra_s[g] = std::max(0.0, (dp.extra_s - back_to_back) / 2);
+  return dp;
+}
+
+// Each layer's ZeRO-3 gather before the layer runs (twice: forward and
+// recomputation), per gather beyond the back-to-back fit.
+void measure_layer_gather_extra(const Session& session, const ModelConfig& config, const GroupStep& gs,
+                                Calibration& cal) {
+  const auto& on = session.on;
+  const int g = gs.g;
+  std::vector<std::vector<int64_t>> sizes;
+  std::vector<torch::Tensor> shares;
+  double layer_back_to_back = 0;
+  for (const FlatRange& r : gs.shape.layer_ranges) {
+    // Each layer is its own unit, cut evenly over the group (flat_layout.h).
+    const std::vector<int64_t> extents(g, (r.end - r.begin + g - 1) / g);
+    shares.push_back(torch::ones({extents[gs.group.rank()]}, on));
+    sizes.push_back(extents);
+    layer_back_to_back += 2 * cal.all_gather[g].seconds(4 * zero3_gather_elements(r, gs.flat.padded, g));
+  }
+  // Layers recompute in both runs (the calibrated ZeRO-3 step checkpoints every layer).
+  CausalLM::UseHooks no_gather, gather;
+  auto gather_layer = [&](int64_t use) {
+    if (use < 0 || use >= static_cast<int64_t>(shares.size())) return;
+    torch::NoGradGuard no_grad;
+    gs.group.all_gather(shares[use], 0, sizes[use]);
+  };
+  gather.before_forward = gather_layer;
+  gather.before_backward = gather_layer;
+  CausalLM& lm = gs.lm;
+  lm.set_activation_checkpointing(std::vector<bool>(config.num_layers, true));
+  const Extra layers = session.concurrent_extra(
+      [&] {
+        lm.set_use_hooks(no_gather);
+        gs.step();
+      },
+      [&] {
+        lm.set_use_hooks(gather);
+        gs.step();
+      },
+      gs.round_calls);
+  lm.set_use_hooks({});
+  lm.set_activation_checkpointing({});
+  cal.layer_gather_extra_s[g] =
+      std::max(0.0, (layers.extra_s - layer_back_to_back) / (2.0 * config.num_layers));
+}
+
+// The same collectives inside a step: every rank runs the model's forward +
+// backward and then a model-sized all-reduce and all-gather (ZeRO-1's
+// gradients and parameters), or gathers each layer's ZeRO-3 span before the
+// layer runs (twice: forward and recomputation), against the same without them.
+void measure_collectives_in_step(const Session& session, const ModelConfig& config, Topology& topo, int g,
+                                 Tp1Step& tp1, int concurrent_calls, Calibration& cal) {
+  // The layout whose dp groups these are: the model at tp = N / g over the
+  // complementary groups (strided ranks), or at tp 1 when that tp does not fit.
+  const int model_tp = session.env.world_size / g;
+  std::unique_ptr<CausalLM> at_tp;
+  RankShape shape = tp1.shape;
+  if (model_tp > 1 && model_tp <= config.num_heads) {
+    const TpPlan plan = build_plan(config, model_tp);
+    at_tp = std::make_unique<CausalLM>(config, plan, topo.dp(), torch::kFloat32, session.options.device);
+    at_tp->init_random(1);
+    shape = rank_shape(config, plan, topo.dp().rank());
+  }
+  CausalLM& lm = at_tp ? *at_tp : tp1.lm;
+  auto step = [&] {
+    torch::AutoGradMode on(true);
+    lm.token_losses(tp1.ids, tp1.ids).sum().backward();
+  };
+  const FlatLayout flat = FlatLayout::build({shape.local_numel}, {}, g, 3);  // the ZeRO-3 cut over the group
+  const GroupStep gs{topo.tp(), g, lm, shape, flat, step, std::max(2, concurrent_calls / 2)};
+  const Extra dp = measure_step_collective_extra(session, gs, cal);
+  if (!at_tp) tp1.concurrent_samples.push_back(dp.base_s);
+  measure_layer_gather_extra(session, config, gs, cal);
+}
+
+// The model's forward + backward at tp g, every tp group at once: what a layer
+// costs at this tp beyond the GEMM, elementwise and lock-step collective costs
+// (the tp autograd functions, waiting for the partner at each collective).
+double measure_tp_step(const Session& session, const ModelConfig& config, Topology& topo, int g,
+                       int concurrent_calls) {
+  const CalibrationOptions& options = session.options;
+  const TpPlan plan = build_plan(config, g);
+  CausalLM lm(config, plan, topo.tp(), torch::kFloat32, options.device);
+  lm.init_random(1);
+  auto gen = at::detail::createCPUGenerator(1);
+  auto ids = torch::randint(config.vocab_size, {options.micro_batch, options.seq_len}, gen, torch::kLong);
+  torch::AutoGradMode on(true);
+  return session.concurrent_seconds([&] { lm.token_losses(ids, ids).sum().backward(); }, concurrent_calls);
+}
+
+// Collectives over Comm for every group size, world / size groups at once.
+// Returns the model's forward + backward at each tp g that fits (by g).
+std::map<int, double> measure_group_sizes(const Session& session, const ModelConfig& config, Tp1Step& tp1,
+                                          int concurrent_calls, Calibration& cal) {
+  const DistEnv& env = session.env;
+  std::map<int, double> tp_step_s;
+  for (int g = 2; g <= env.world_size; ++g) {
+    if (env.world_size % g != 0) continue;
+    TopologyOptions topo_options;
+    topo_options.tp_size = g;
+    topo_options.backend = session.options.device.is_cuda() ? Backend::kNccl : Backend::kGloo;
+    auto topo = Topology::create_with_store(prefix_store("calibration_g" + std::to_string(g), session.store),
+                                            env.rank, env.world_size, topo_options);
+    measure_collectives(session, *topo, g, cal);
+    measure_collectives_in_step(session, config, *topo, g, tp1, concurrent_calls, cal);
+    if (g <= config.num_heads) tp_step_s[g] = measure_tp_step(session, config, *topo, g, concurrent_calls);
+  }
+  session.barrier();
+  return tp_step_s;
+}
+
+// The framework overhead per layer: rank 0's step alone beyond what the GEMM and
+// elementwise costs predict.
+double fit_layer_overhead(const Session& session, const ModelConfig& config, const RankShape& shape1,
+                          const Calibration& cal, double alone_step_s) {
+  SimLayout layout;
+  layout.gpus = 1;  // rank 0 alone: no slowdown
+  layout.micro_batch = session.options.micro_batch;
+  layout.seq_len = session.options.seq_len;
+  layout.dtype = torch::kFloat32;
+  auto t = estimate_time(config, shape1, layout, cpu_local_cluster(cal, "calibration"));
+  return std::max(0.0, (alone_step_s - t.gemm_s - t.elementwise_s) / config.num_layers);
+}
+
+// What a layer costs at tp g beyond the GEMM, elementwise and lock-step collective
+// costs (the tp autograd functions, waiting for the partner at each collective),
+// over the concurrency slowdown.
+void fit_layer_overhead_by_tp(const Session& session, const ModelConfig& config,
+                              const std::map<int, double>& tp_step_s, Calibration& cal) {
   for (const auto& [g, seconds] : tp_step_s) {
     Calibration without = cal;
     without.layer_overhead_s = 0;
     without.layer_overhead_by_tp.clear();
     auto cluster = cpu_local_cluster(without, "calibration");
     SimLayout layout;
-    layout.gpus = env.world_size;
+    layout.gpus = session.env.world_size;
     layout.tp = g;
-    layout.micro_batch = options.micro_batch;
-    layout.seq_len = options.seq_len;
+    layout.micro_batch = session.options.micro_batch;
+    layout.seq_len = session.options.seq_len;
     layout.dtype = torch::kFloat32;
     // The slowest tp rank, as the simulator takes it (its tp_comm_s also holds the
     // per-step hash check and shared-slice reductions, a few small all-reduces).
-    const TpPlan plan = build_plan(model.config, g);
+    const TpPlan plan = build_plan(config, g);
     double predicted = 0;
     for (int r = 0; r < g; ++r) {
-      auto t = estimate_time(model.config, rank_shape(model.config, plan, r), layout, cluster);
+      auto t = estimate_time(config, rank_shape(config, plan, r), layout, cluster);
       predicted = std::max(predicted, t.gemm_s + t.elementwise_s + t.tp_comm_s);
     }
     cal.layer_overhead_by_tp[g] =
-        std::max(0.0, (seconds - predicted) / cal.slowdown(env.world_size) / model.config.num_layers);
+        std::max(0.0, (seconds - predicted) / cal.slowdown(session.env.world_size) / config.num_layers);
   }
+}
+
+}  // namespace
+
+Calibration run_calibration(const CalibrationOptions& options) {
+  const DistEnv env = DistEnv::from_environment();
+  Calibration cal = describe_machine(env, options);
+  g_device = options.device;
+  torch::NoGradGuard no_grad_default;
+  const Session session(env, options);
+  const HostCpuTimes cpu_at_start = host_cpu_times();
+  const auto model = resolve_sim_model(options.model);
+  const ModelConfig& config = model.config;
+  measure_gemms(session, config, cal);
+  measure_elementwise(session, cal);
+  measure_optimizer_step(session, config, cal);
+
+  Tp1Step tp1(config, options);
+  tp1.sample_alone(session);
+  // Calls per round when every rank runs that step (about window / 3).
+  const int concurrent_calls =
+      static_cast<int>(std::clamp(tp1.window / 3 / tp1.alone_samples[0], 3.0, 1000.0));
+  if (session.world)
+    tp1.concurrent_samples.push_back(session.concurrent_seconds([&] { tp1.run(); }, concurrent_calls));
+  std::map<int, double> tp_step_s;  // the model's forward + backward at tp g, every tp group at once
+  if (session.world) tp_step_s = measure_group_sizes(session, config, tp1, concurrent_calls, cal);
+  tp1.sample_alone(session);
+
+  const double alone_step_s = mean(tp1.alone_samples);
+  if (session.world) cal.concurrency_slowdown = std::max(1.0, mean(tp1.concurrent_samples) / alone_step_s);
+  cal.layer_overhead_s = fit_layer_overhead(session, config, tp1.shape, cal, alone_step_s);
+  fit_layer_overhead_by_tp(session, config, tp_step_s, cal);
   cal.host_steal_fraction = steal_fraction(cpu_at_start, host_cpu_times());
   return cal;
 }

@@ -3,7 +3,7 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp::sim {
 namespace {

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "autotp/model/model_config.h"
+#include "autotp/arch/model_config.h"
 #include "autotp/runtime/train_config.h"
 #include "autotp/zero/zero_optimizer.h"
 #include "autotp/zero/zero_units.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "autotp/model/model_config.h"
+#include "autotp/arch/model_config.h"
 
 namespace autotp::sim {
 

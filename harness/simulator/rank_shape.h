@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "autotp/model/model_config.h"
+#include "autotp/arch/model_config.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp::sim {

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp::sim {
 namespace {

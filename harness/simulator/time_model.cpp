@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autotp/model/param_layout.h"
+#include "autotp/arch/param_layout.h"
 #include "autotp/zero/flat_layout.h"
 
 namespace autotp::sim {
@@ -146,18 +146,6 @@ double gemm_seconds(const ClusterSpec& c, const GemmShape& shape, bool sixteen_b
   return c.kernel_latency_s + shape.flops() / (c.peak_flops(sixteen_bit) * c.gemm_efficiency);
 }
 
-double model_flops_per_token(const ModelConfig& config, int64_t seq_len) {
-  // Matmul parameters: every linear weight of the layers plus the LM head (tied or not).
-  double matmul = 0;
-  for (const auto& d : describe_parameters(config)) {
-    if (d.kind == ParamKind::kLinear || d.kind == ParamKind::kConv1D || d.kind == ParamKind::kLmHead)
-      matmul += static_cast<double>(d.shape[0]) * d.shape[1];
-  }
-  if (config.tie_word_embeddings) matmul += static_cast<double>(config.vocab_size) * config.hidden_size;
-  const double attention_width = static_cast<double>(config.num_heads) * config.head_dim;
-  return 6 * matmul + 12.0 * config.num_layers * attention_width * seq_len;
-}
-
 std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, const RankShape& s,
                                                      const SimLayout& l) {
   std::vector<std::pair<GemmShape, double>> g;
@@ -180,25 +168,29 @@ std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, 
   return g;
 }
 
-TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const SimLayout& l,
-                           const ClusterSpec& c) {
-  TimeEstimate t;
-  const bool sixteen = l.dtype != torch::kFloat32;
-  const int64_t a = static_cast<int64_t>(c10::elementSize(l.dtype));
-  const int dp = l.dp(), tp = l.tp, stage = l.zero_stage;
-  const double gas = static_cast<double>(l.gas);
-  const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T;
-  const double BTH = static_cast<double>(BT) * s.hidden, BTV = static_cast<double>(BT) * s.local_vocab;
-  const double L = static_cast<double>(config.num_layers);
-  const Elementwise e = elementwise_costs(c, a);
+namespace {
 
-  // Compute: GEMMs.
+int64_t element_bytes(const SimLayout& l) { return static_cast<int64_t>(c10::elementSize(l.dtype)); }
+
+// The step's GEMMs: gemm_s and executed_flops, before the cpu-local slowdown.
+void add_gemms(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
+               const ClusterSpec& c) {
+  const bool sixteen = l.dtype != torch::kFloat32;
+  const double gas = static_cast<double>(l.gas);
   for (const auto& [shape, count] : step_gemms(config, s, l)) {
     t.gemm_s += count * gas * gemm_seconds(c, shape, sixteen);
     t.executed_flops += count * gas * shape.flops();
   }
-  // Elementwise work per micro-batch: layers (forward + backward, + a recomputed forward),
-  // embedding, final norm, cross-entropy, gradient accumulation into the flat buffer.
+}
+
+// Elementwise work per micro-batch: layers (forward + backward, + a recomputed forward),
+// embedding, final norm, cross-entropy, gradient accumulation into the flat buffer.
+double micro_batch_elementwise_s(const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                                 const ClusterSpec& c, const Elementwise& e) {
+  const bool sixteen = l.dtype != torch::kFloat32;
+  const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T;
+  const double BTH = static_cast<double>(BT) * s.hidden, BTV = static_cast<double>(BT) * s.local_vocab;
+  const double L = static_cast<double>(config.num_layers);
   const LayerOps ops = layer_ops(s, B, T);
   double micro = L * sum_ops(ops, e, true);
   if (l.recompute()) micro += L * sum_ops(ops, e, false);
@@ -213,20 +205,34 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
         at_tp != c.calibration->layer_overhead_by_tp.end() ? at_tp->second : c.calibration->layer_overhead_s;
     micro += L * overhead * (l.recompute() ? 4.0 / 3 : 1.0);
   }
-  t.elementwise_s = gas * micro;
+  return micro;
+}
 
-  // Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
+// Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
+double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSpec& c, const Elementwise& e) {
+  const bool sixteen = l.dtype != torch::kFloat32;
+  const int64_t a = element_bytes(l);
+  const int dp = l.dp(), stage = l.zero_stage;
   const int64_t P = (s.local_numel + dp - 1) / dp * dp;
   const double part = static_cast<double>(stage == 0 ? P : P / dp);
   const double update = c.calibration && c.calibration->optimizer_step
                             ? c.calibration->optimizer_step->seconds(part)  // measured on this machine
                             : e.fwd(part, 3)     // norm: mask, to fp64, dot
                                   + e.fwd(part, 10);  // clip + AdamW (decay, two moments, sqrt, div, add, update)
-  t.optimizer_s = e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
-                  + update
-                  + (sixteen ? e.fwd(part, 1) : 0)      // master weights back to 16 bits
-                  + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
-                  + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
+  return e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
+         + update
+         + (sixteen ? e.fwd(part, 1) : 0)      // master weights back to 16 bits
+         + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
+         + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
+}
+
+// Compute: GEMMs, elementwise work and the optimizer step (compute_s and its parts).
+void add_compute(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                 const ClusterSpec& c) {
+  const Elementwise e = elementwise_costs(c, element_bytes(l));
+  add_gemms(t, config, s, l, c);
+  t.elementwise_s = static_cast<double>(l.gas) * micro_batch_elementwise_s(config, s, l, c, e);
+  t.optimizer_s = optimizer_seconds(s, l, c, e);
   if (c.calibration) {  // cpu-local: the ranks share the machine's cores
     const double slowdown = c.calibration->slowdown(l.gpus);
     t.gemm_s *= slowdown;
@@ -234,36 +240,65 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
     t.optimizer_s *= slowdown;
   }
   t.compute_s = t.gemm_s + t.elementwise_s + t.optimizer_s;
+}
 
-  // Tensor-parallel communication (per micro-batch), activation bytes per collective.
+// Tensor-parallel communication (per micro-batch), activation bytes per collective.
+void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                 const ClusterSpec& c) {
+  const int tp = l.tp;
+  if (tp <= 1) return;
   const GroupScope tp_scope = tp <= c.gpus_per_node && c.gpus_per_node % tp == 0 ? GroupScope::kIntraNode
                                                                                  : GroupScope::kInterNode;
-  const double act_bytes = BTH * (c.reduce_16bit_as_fp32 ? 4 : a);
-  if (tp > 1) {
-    double rows = 0, blocks = 0;
-    for (const auto& lin : s.layer_linears) rows += lin.row ? 1 : 0;
-    blocks = rows;  // every block has one row-parallel exit and one column-parallel entry
-    const double per_layer = rows + blocks + (l.recompute() ? rows : 0);
-    double calls = L * per_layer + (s.vocab_split ? 2 : 0);  // + embedding (fwd), LM head input (bwd)
-    double seconds = calls * collective_seconds(c, CollectiveOp::kAllReduce, act_bytes, tp, tp_scope);
-    if (s.vocab_split) {  // cross-entropy: max, then (sum-exp, target logit)
-      seconds += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * BT, tp, tp_scope) +
-                 collective_seconds(c, CollectiveOp::kAllReduce, 8.0 * BT, tp, tp_scope);
-      calls += 2;
-    }
-    t.tp_comm_s = gas * seconds;
-    t.tp_collectives = static_cast<int64_t>(gas * calls);
-    // Per step: the data-consistency hash, and the gradients of kv slices shared by tp ranks.
-    t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 16, tp, tp_scope);
-    t.tp_collectives += 1;
-    for (int64_t n : s.shared_numel) {
-      t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * n, tp, tp_scope);
-      t.tp_collectives += 1;
-    }
+  const double gas = static_cast<double>(l.gas), L = static_cast<double>(config.num_layers);
+  const int64_t BT = l.micro_batch * l.seq_len;
+  const double BTH = static_cast<double>(BT) * s.hidden;
+  const double act_bytes = BTH * (c.reduce_16bit_as_fp32 ? 4 : element_bytes(l));
+  double rows = 0, blocks = 0;
+  for (const auto& lin : s.layer_linears) rows += lin.row ? 1 : 0;
+  blocks = rows;  // every block has one row-parallel exit and one column-parallel entry
+  const double per_layer = rows + blocks + (l.recompute() ? rows : 0);
+  double calls = L * per_layer + (s.vocab_split ? 2 : 0);  // + embedding (fwd), LM head input (bwd)
+  double seconds = calls * collective_seconds(c, CollectiveOp::kAllReduce, act_bytes, tp, tp_scope);
+  if (s.vocab_split) {  // cross-entropy: max, then (sum-exp, target logit)
+    seconds += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * BT, tp, tp_scope) +
+               collective_seconds(c, CollectiveOp::kAllReduce, 8.0 * BT, tp, tp_scope);
+    calls += 2;
   }
+  t.tp_comm_s = gas * seconds;
+  t.tp_collectives = static_cast<int64_t>(gas * calls);
+  // Per step: the data-consistency hash, and the gradients of kv slices shared by tp ranks.
+  t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 16, tp, tp_scope);
+  t.tp_collectives += 1;
+  for (int64_t n : s.shared_numel) {
+    t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * n, tp, tp_scope);
+    t.tp_collectives += 1;
+  }
+}
 
-  // ZeRO / data-parallel communication per step; what overlap_comm can hide.
+// ZeRO collective seconds by the compute they run beside: what overlap_comm can hide.
+struct HideableComm {
   double behind_forward = 0, behind_backward = 0, behind_update = 0;
+};
+
+// The engine's own list of the step's ZeRO collectives (zero_traffic.h) is built from this.
+ZeroStepShape zero_step_shape(const ModelConfig& config, const SimLayout& l) {
+  const bool mixed = l.dtype != torch::kFloat32;
+  ZeroStepShape zs;
+  zs.num_layers = config.num_layers;
+  zs.gradient_accumulation_steps = l.gas;
+  zs.element_bytes = element_bytes(l);
+  zs.fp32_accumulation = mixed && l.gas > 1;
+  zs.tied_embeddings = config.tie_word_embeddings;
+  zs.reduce_bucket_size = l.reduce_bucket_size;
+  zs.allgather_bucket_size = l.allgather_bucket_size;
+  return zs;
+}
+
+// ZeRO / data-parallel communication per step; returns what overlap_comm can hide.
+HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                           const ClusterSpec& c) {
+  HideableComm hide;
+  const int dp = l.dp(), stage = l.zero_stage;
   const GroupScope dp_scope = l.gpus > c.gpus_per_node ? GroupScope::kInterNode : GroupScope::kIntraNode;
   const GroupScope world_scope = dp_scope;
   if (dp > 1) {
@@ -273,17 +308,8 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
     // (ranks time-sharing cores arrive apart and wake late), measured per group size.
     const double after_compute = c.calibration ? at_group(c.calibration->step_collective_extra_s, dp) : 0;
     const double between_layers = c.calibration ? at_group(c.calibration->layer_gather_extra_s, dp) : 0;
-    // The engine's own list of the step's ZeRO collectives (zero_traffic.h).
-    const bool mixed = l.dtype != torch::kFloat32;
-    ZeroStepShape zs;
-    zs.num_layers = config.num_layers;
-    zs.gradient_accumulation_steps = gas;
-    zs.element_bytes = a;
-    zs.fp32_accumulation = mixed && gas > 1;
-    zs.tied_embeddings = config.tie_word_embeddings;
-    zs.reduce_bucket_size = l.reduce_bucket_size;
-    zs.allgather_bucket_size = l.allgather_bucket_size;
     const FlatLayout flat = zero_layout(build_plan(config, l.tp), s.tp_rank, dp, stage, l.persistence_threshold);
+    const ZeroStepShape zs = zero_step_shape(config, l);
     for (const auto& z : zero_step_collectives(flat, zs)) {
       CollectiveOp op = z.op == ZeroCollective::Op::kAllGather   ? CollectiveOp::kAllGather
                         : z.op == ZeroCollective::Op::kAllReduce ? CollectiveOp::kAllReduce
@@ -291,9 +317,9 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
                                                                  : CollectiveOp::kAllReduce;
       const double seconds = z.calls * collective_seconds(c, op, static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
       zero += seconds + z.calls * (z.layer_gather ? between_layers : 0);
-      if (z.behind == ZeroCollective::Behind::kForward) behind_forward += seconds;
-      if (z.behind == ZeroCollective::Behind::kBackward) behind_backward += seconds;
-      if (z.behind == ZeroCollective::Behind::kUpdate) behind_update += seconds;
+      if (z.behind == ZeroCollective::Behind::kForward) hide.behind_forward += seconds;
+      if (z.behind == ZeroCollective::Behind::kBackward) hide.behind_backward += seconds;
+      if (z.behind == ZeroCollective::Behind::kUpdate) hide.behind_update += seconds;
       calls += z.calls;
     }
     zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
@@ -304,25 +330,46 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
     t.zero_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 8, l.gpus, world_scope);
     t.zero_collectives += 1;
   }
+  return hide;
+}
 
-  if (l.overlap_comm && !c.calibration) {
-    // A collective on the lane hides behind the compute it runs beside, up to
-    // that compute (tp traffic stays exposed): the forward is a third of the
-    // forward + backward work (a quarter with recomputation, which runs in the
-    // backward). cpu-local has no such time: its shared-memory collectives are
-    // copies and sums on the cores that compute.
-    const double fb = t.gemm_s + t.elementwise_s, forward = fb / (l.recompute() ? 4 : 3);
-    t.overlap_s = std::min(behind_forward, forward) + std::min(behind_backward, fb - forward) +
-                  std::min(behind_update, t.optimizer_s);
-  }
-  if (c.calibration && c.host_steal_fraction > 0) {  // cpu-local on a host that takes part of the CPU
+// A collective on the lane hides behind the compute it runs beside, up to
+// that compute (tp traffic stays exposed): the forward is a third of the
+// forward + backward work (a quarter with recomputation, which runs in the
+// backward). cpu-local has no such time: its shared-memory collectives are
+// copies and sums on the cores that compute.
+double overlap_seconds(const TimeEstimate& t, const HideableComm& hide, const SimLayout& l,
+                       const ClusterSpec& c) {
+  if (!l.overlap_comm || c.calibration) return 0;
+  const double fb = t.gemm_s + t.elementwise_s, forward = fb / (l.recompute() ? 4 : 3);
+  return std::min(hide.behind_forward, forward) + std::min(hide.behind_backward, fb - forward) +
+         std::min(hide.behind_update, t.optimizer_s);
+}
+
+// cpu-local on a host that takes part of the CPU: every time stretches by what the host keeps.
+void apply_host_steal(TimeEstimate& t, const ClusterSpec& c) {
+  if (c.calibration && c.host_steal_fraction > 0) {
     const double stretch = 1 / (1 - c.host_steal_fraction);
     for (double* x : {&t.gemm_s, &t.elementwise_s, &t.optimizer_s, &t.compute_s, &t.tp_comm_s, &t.zero_comm_s,
                       &t.overlap_s})
       *x *= stretch;
   }
+}
+
+}  // namespace
+
+TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                           const ClusterSpec& c) {
+  TimeEstimate t;
+  add_compute(t, config, s, l, c);
+  add_tp_comm(t, config, s, l, c);
+  const HideableComm hide = add_zero_comm(t, config, s, l, c);
+  t.overlap_s = overlap_seconds(t, hide, l, c);
+  apply_host_steal(t, c);
   t.step_s = t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s;
-  t.model_flops = model_flops_per_token(config, l.seq_len) * static_cast<double>(BT) * gas * dp;
+  const int64_t BT = l.micro_batch * l.seq_len;
+  const double gas = static_cast<double>(l.gas);
+  t.model_flops = model_flops_per_token(config, l.seq_len) * static_cast<double>(BT) * gas * l.dp();
   return t;
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "autotp/arch/model_flops.h"
 #include "simulator/cluster_catalog.h"
 #include "simulator/memory_model.h"
 #include "simulator/rank_shape.h"
@@ -56,8 +57,5 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& shape, co
 // `padded`-element buffer: Comm::all_gather pads every rank's block to the largest
 // share of the span that one dp partition holds.
 double zero3_gather_elements(const FlatRange& range, int64_t padded, int dp);
-
-// Training FLOPs of one token (Kaplan / PaLM: 6 x matmul parameters + 12 x layers x attention width x seq).
-double model_flops_per_token(const ModelConfig& config, int64_t seq_len);
 
 }  // namespace autotp::sim

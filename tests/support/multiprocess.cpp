@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "autotp/comm/process_group.h"
-#include "autotp/runtime/log.h"
+#include "autotp/base/log.h"
 
 namespace autotp::test {
 namespace {

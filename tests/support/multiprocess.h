@@ -74,6 +74,14 @@ launcher::LaunchResult run_workers(const std::string& name, int world,
                                    const std::vector<std::string>& args = {},
                                    const std::map<std::string, std::string>& env = {});
 
+// A parametrized test (TEST_P of `suite`, whose parameter is the world size)
+// that runs the registered worker `worker` on that many ranks and expects exit 0.
+#define AUTOTP_WORKER_TEST_P(suite, test_name, worker)              \
+  TEST_P(suite, test_name) {                                        \
+    auto result = autotp::test::run_workers(#worker, GetParam());   \
+    ASSERT_EQ(result.exit_code, 0) << result.summary;               \
+  }
+
 // Checks for worker code: a failed check throws with a message naming the place.
 [[noreturn]] void worker_fail(const char* file, int line, const std::string& condition,
                               const std::string& message);

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/memory_counter.h"
 #include "support/multiprocess.h"
 
 int main(int argc, char** argv) {

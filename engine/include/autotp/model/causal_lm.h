@@ -14,7 +14,7 @@
 
 #include "autotp/comm/comm.h"
 #include "autotp/io/safetensors.h"
-#include "autotp/model/model_config.h"
+#include "autotp/arch/model_config.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp {

@@ -22,7 +22,7 @@
 #pragma once
 #include <cstdint>
 
-#include "autotp/runtime/train_config.h"
+#include "autotp/optim/optim_config.h"
 
 namespace autotp {
 

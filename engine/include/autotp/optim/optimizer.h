@@ -8,7 +8,7 @@
 #pragma once
 #include <torch/torch.h>
 
-#include "autotp/runtime/train_config.h"
+#include "autotp/optim/optim_config.h"
 
 namespace autotp {
 

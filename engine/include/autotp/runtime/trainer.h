@@ -15,7 +15,7 @@
 #include "autotp/data/batch.h"
 #include "autotp/data/sampler.h"
 #include "autotp/model/causal_lm.h"
-#include "autotp/runtime/host_cpu.h"
+#include "autotp/base/host_cpu.h"
 #include "autotp/runtime/train_config.h"
 #include "autotp/zero/zero_optimizer.h"
 

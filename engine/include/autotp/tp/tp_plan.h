@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "autotp/model/param_layout.h"
+#include "autotp/arch/param_layout.h"
 #include "autotp/tp/shard_spec.h"
 
 namespace autotp {

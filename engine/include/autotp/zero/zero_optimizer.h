@@ -38,7 +38,8 @@
 #include "autotp/comm/topology.h"
 #include "autotp/model/causal_lm.h"
 #include "autotp/optim/optimizer.h"
-#include "autotp/runtime/train_config.h"
+#include "autotp/optim/optim_config.h"
+#include "autotp/zero/zero_config.h"
 #include "autotp/zero/flat_layout.h"
 #include "autotp/zero/zero_units.h"
 
@@ -75,9 +76,18 @@ struct StepOutcome {
   double loss_scale = 1;  // scale used for this step's backward
 };
 
+// What ZeroOptimizer reads of the training config (the trainer composes it).
+struct ZeroSettings {
+  ZeroConfig zero;
+  OptimizerConfig optimizer;
+  Fp16Config fp16;
+  double gradient_clipping = 0;             // max global norm; 0 = none
+  int64_t gradient_accumulation_steps = 1;  // > 1 with 16-bit weights: fp32 accumulation
+};
+
 class ZeroOptimizer {
  public:
-  ZeroOptimizer(CausalLM& model, Topology& topology, const TrainConfig& config);
+  ZeroOptimizer(CausalLM& model, Topology& topology, const ZeroSettings& config);
   ~ZeroOptimizer();
 
   // Before the first forward of a step: zeroes gradients.

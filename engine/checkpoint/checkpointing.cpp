@@ -1,4 +1,4 @@
-#include "autotp/runtime/checkpointing.h"
+#include "autotp/checkpoint/checkpointing.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -8,9 +8,9 @@
 #include "autotp/io/checksum.h"
 #include "autotp/io/hf_writer.h"
 #include "autotp/model/presets.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/log.h"
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/error.h"
+#include "autotp/base/log.h"
+#include "autotp/base/memory_counter.h"
 #include "autotp/tp/parallel_layers.h"
 
 namespace autotp {

@@ -1,12 +1,12 @@
-#include "autotp/io/dist_checkpoint.h"
+#include "autotp/checkpoint/dist_checkpoint.h"
 
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "autotp/io/checksum.h"
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/json_file.h"
+#include "autotp/base/error.h"
+#include "autotp/base/json_file.h"
 
 namespace autotp::io {
 namespace {

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "autotp/io/dist_checkpoint.h"
+#include "autotp/checkpoint/dist_checkpoint.h"
 #include "autotp/runtime/trainer.h"
 
 namespace autotp {

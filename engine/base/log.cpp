@@ -1,4 +1,4 @@
-#include "autotp/runtime/log.h"
+#include "autotp/base/log.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
 

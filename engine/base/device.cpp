@@ -1,4 +1,4 @@
-#include "autotp/runtime/device.h"
+#include "autotp/base/device.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -6,7 +6,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 

@@ -1,11 +1,11 @@
-#include "autotp/model/model_config.h"
+#include "autotp/arch/model_config.h"
 
 #include <fmt/ranges.h>
 
 #include <fstream>
 
-#include "autotp/runtime/error.h"
-#include "autotp/runtime/json_file.h"
+#include "autotp/base/error.h"
+#include "autotp/base/json_file.h"
 
 namespace autotp {
 namespace {

@@ -1,4 +1,4 @@
-#include "autotp/runtime/memory_counter.h"
+#include "autotp/base/memory_counter.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>

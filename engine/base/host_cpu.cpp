@@ -1,4 +1,4 @@
-#include "autotp/runtime/host_cpu.h"
+#include "autotp/base/host_cpu.h"
 
 #include <unistd.h>
 

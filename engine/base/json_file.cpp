@@ -1,8 +1,8 @@
-#include "autotp/runtime/json_file.h"
+#include "autotp/base/json_file.h"
 
 #include <fstream>
 
-#include "autotp/runtime/error.h"
+#include "autotp/base/error.h"
 
 namespace autotp {
 

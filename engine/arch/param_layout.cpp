@@ -1,4 +1,4 @@
-#include "autotp/model/param_layout.h"
+#include "autotp/arch/param_layout.h"
 
 #include <fmt/format.h>
 

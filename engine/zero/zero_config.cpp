@@ -1,0 +1,50 @@
+#include "autotp/zero/zero_config.h"
+
+namespace autotp {
+
+ZeroConfig ZeroConfig::read(const JsonSection& top) {
+  ZeroConfig z;
+  // DeepSpeed accepts the stage3_ spelling as an alias of gather_16bit_weights_on_model_save.
+  JsonSection s =
+      top.section("zero_optimization", {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
+                                        "contiguous_gradients", "stage3_prefetch_bucket_size",
+                                        "stage3_param_persistence_threshold", "gather_16bit_weights_on_model_save",
+                                        "stage3_gather_16bit_weights_on_model_save"});
+  int64_t stage = s.integer("stage", z.stage);
+  s.check(stage >= 0 && stage <= 3, "stage", "0, 1, 2, 3");
+  z.stage = static_cast<int>(stage);
+  z.reduce_bucket_size = s.integer("reduce_bucket_size", z.reduce_bucket_size);
+  s.check(z.reduce_bucket_size >= 1, "reduce_bucket_size", "an integer >= 1 (elements)");
+  z.allgather_bucket_size = s.integer("allgather_bucket_size", z.allgather_bucket_size);
+  s.check(z.allgather_bucket_size >= 1, "allgather_bucket_size", "an integer >= 1 (elements)");
+  if (s.has("overlap_comm")) z.overlap_comm = s.boolean("overlap_comm", true);
+  z.contiguous_gradients = s.boolean("contiguous_gradients", z.contiguous_gradients);
+  z.stage3_prefetch_bucket_size = s.integer("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
+  s.check(z.stage3_prefetch_bucket_size >= 0, "stage3_prefetch_bucket_size", "an integer >= 0 (elements)");
+  z.stage3_param_persistence_threshold =
+      s.integer("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  s.check(z.stage3_param_persistence_threshold >= 0, "stage3_param_persistence_threshold",
+          "an integer >= 0 (elements; 0 = partition every tensor)");
+  const std::string alias = "stage3_gather_16bit_weights_on_model_save";
+  bool plain = s.boolean("gather_16bit_weights_on_model_save", false);
+  bool staged = s.boolean(alias, false);
+  if (s.has("gather_16bit_weights_on_model_save") && s.has(alias) && plain != staged)
+    s.fail("{} and {} disagree (they are the same setting; give one)",
+           s.where("gather_16bit_weights_on_model_save"), s.where(alias));
+  z.gather_16bit_weights_on_model_save = plain || staged;
+  return z;
+}
+
+nlohmann::json ZeroConfig::to_json() const {
+  nlohmann::json j = {{"stage", stage},
+                      {"reduce_bucket_size", reduce_bucket_size},
+                      {"allgather_bucket_size", allgather_bucket_size},
+                      {"contiguous_gradients", contiguous_gradients},
+                      {"stage3_prefetch_bucket_size", stage3_prefetch_bucket_size},
+                      {"stage3_param_persistence_threshold", stage3_param_persistence_threshold},
+                      {"gather_16bit_weights_on_model_save", gather_16bit_weights_on_model_save}};
+  if (overlap_comm) j["overlap_comm"] = *overlap_comm;  // unset: by device
+  return j;
+}
+
+}  // namespace autotp
