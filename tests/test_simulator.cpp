@@ -11,6 +11,7 @@
 #include "autotp/model/presets.h"
 #include "autotp/base/error.h"
 #include "autotp/base/host_cpu.h"
+#include "autotp/optim/grad_norm.h"
 #include "autotp/zero/flat_layout.h"
 #include "autotp/zero/zero_units.h"
 #include "simulator/simulator.h"
@@ -130,6 +131,18 @@ TEST(SimulatorMemory, FullRecomputationKeepsTwoBytesPerTokenAndHidden) {
   // Without recomputation a layer keeps far more (fp32 norms, the s x s probabilities).
   l.activation_checkpointing = false;
   EXPECT_GT(saved(model.config) - saved(half), 16 * 2 * s * b * h * 16);
+}
+
+TEST(SimulatorMemory, OptimizerTemporariesAreTheEnginesChunks) {
+  // The norm's fp64 chunk is the engine's for the device (64 Ki on CPU, 4 Mi on
+  // CUDA); the update upcasts 4 Mi 16-bit gradients to fp32 at a time.
+  auto model = resolve_sim_model("llama2-7b");
+  SimLayout l = layout(1, 1, 0, torch::kBFloat16);
+  auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+  EXPECT_EQ(estimate_memory(model.config, shape, l).optimizer_temporaries, 8 * kGradNormChunkCuda);
+  l.cuda = false;
+  EXPECT_EQ(estimate_memory(model.config, shape, l).optimizer_temporaries,
+            std::max(8 * kGradNormChunkCpu, 4 * kUpdateChunk));
 }
 
 TEST(SimulatorTime, TrainingFlopsPerToken) {
@@ -275,7 +288,9 @@ TEST(SimulatorTime, OverlapHidesWhatTheEngineRunsBehindCompute) {
       EXPECT_GT(on.overlap_s, 0) << "stage " << stage;
     }
     // Stage 3 hides most of its traffic: all but the embeddings' collectives and the norm.
-    if (stage == 3) EXPECT_GT(on.overlap_s, 0.8 * on.zero_comm_s);
+    if (stage == 3) {
+      EXPECT_GT(on.overlap_s, 0.8 * on.zero_comm_s);
+    }
   }
   // cpu-local: the collectives share the compute's cores, nothing is hidden.
   Calibration cal = two_rank_calibration();

@@ -49,15 +49,15 @@ class Section : public JsonSection {
   }
   json object(const std::string& key) const {
     if (!has(key)) return json::object();
-    if (!at(key).is_object()) wrong(key, "an object");
+    if (!at(key).is_object()) wrong_type(key, "an object");
     return at(key);
   }
   std::vector<std::string> strings(const std::string& key) const {
     std::vector<std::string> out;
     if (!has(key)) return out;
-    if (!at(key).is_array()) wrong(key, "an array of strings");
+    if (!at(key).is_array()) wrong_type(key, "an array of strings");
     for (const auto& v : at(key)) {
-      if (!v.is_string()) wrong(key, "an array of strings");
+      if (!v.is_string()) wrong_type(key, "an array of strings");
       out.push_back(v.get<std::string>());
     }
     return out;
@@ -69,9 +69,6 @@ class Section : public JsonSection {
     if (j.is_object() || !where.empty()) return j;
     std::string message = "the scenario must be an object, got " + j.dump();
     throw UserError(file.empty() ? message : file + ": " + message);
-  }
-  [[noreturn]] void wrong(const std::string& key, const char* expected) const {
-    fail("{} must be {}, got {}", where(key), expected, at(key).dump());
   }
 };
 

@@ -51,9 +51,11 @@ class JsonSection {
     throw UserError(source_.empty() ? message : source_ + ": " + message);
   }
 
- private:
+ protected:
+  // "<path> must be <expected>, got <value>".
   [[noreturn]] void wrong_type(const std::string& key, const char* expected) const;
 
+ private:
   const nlohmann::json& j_;
   std::string path_;
   std::string source_;

@@ -12,8 +12,6 @@ namespace autotp {
 constexpr int64_t kGradNormChunkCpu = int64_t{1} << 16;
 constexpr int64_t kGradNormChunkCuda = int64_t{1} << 22;
 constexpr int64_t grad_norm_chunk(bool cuda) { return cuda ? kGradNormChunkCuda : kGradNormChunkCpu; }
-// Elements the optimizer step upcasts to fp32 at a time (16 MiB of fp32).
-constexpr int64_t kUpdateChunk = int64_t{1} << 22;
 
 // sum_i (values_i * mask_i)^2 over 1-D fp32 `values` and `mask` (0 or 1, so the
 // masking is exact), accumulated in fp64 chunk by chunk (BLAS dot of each

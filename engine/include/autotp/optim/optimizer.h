@@ -12,6 +12,10 @@
 
 namespace autotp {
 
+// Elements of 16-bit gradients the ZeRO step upcasts to fp32 and hands to
+// update() at a time (16 MiB of fp32): the update's only temporary.
+constexpr int64_t kUpdateChunk = int64_t{1} << 22;
+
 class FlatOptimizer {
  public:
   // States are fp32 tensors of `numel` elements on `device`.
