@@ -60,6 +60,24 @@ INSTANTIATE_TEST_SUITE_P(
                                  {{"attention_bias", true}, {"mlp_bias", true}}},
                       LogitsCase{"llama_explicit_head_dim", "llama-tiny", {{"head_dim", 24}}},
                       LogitsCase{"llama_rope_theta", "llama-tiny", {{"rope_theta", 500000.0}}},
+                      // rope_scaling types, with contexts short enough that positions 0-10 feel them.
+                      LogitsCase{"llama3_rope", "llama-tiny",
+                                 {{"rope_scaling",
+                                   {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                    {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}}}}},
+                      LogitsCase{"linear_rope", "llama-tiny", {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}},
+                      LogitsCase{"dynamic_rope_beyond_context", "llama-tiny",
+                                 {{"max_position_embeddings", 8},
+                                  {"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}}},
+                      LogitsCase{"yarn_rope", "llama-tiny",
+                                 {{"rope_theta", 100.0},
+                                  {"rope_scaling",
+                                   {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64},
+                                    {"beta_fast", 32}, {"beta_slow", 1}, {"attention_factor", nullptr}}}}},
+                      LogitsCase{"yarn_rope_mscale", "qwen2-tiny",
+                                 {{"rope_scaling",
+                                   {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
+                                    {"mscale", 0.707}, {"mscale_all_dim", 1.0}, {"truncate", false}}}}},
                       LogitsCase{"mistral", "mistral-tiny", json::object()},
                       LogitsCase{"qwen2_qkv_bias", "qwen2-tiny", json::object()},
                       LogitsCase{"gpt2", "gpt2-tiny", json::object()}),
@@ -149,7 +167,7 @@ TEST(ModelConfigParsing, RejectsWhatIsNotImplemented) {
   auto parse = [](json overrides, const std::string& preset = "llama-tiny") {
     return ModelConfig::from_json(test::preset_config(preset, overrides), "config.json");
   };
-  EXPECT_THROW(parse({{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}), UserError);
+  EXPECT_THROW(parse({{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}}), UserError);
   EXPECT_THROW(parse({{"hidden_act", "gelu"}}), UserError);
   EXPECT_THROW(parse({{"architectures", {"BertModel"}}}), UserError);
   EXPECT_THROW(parse({{"num_key_value_heads", 4}}), UserError);  // 6 heads not a multiple of 4

@@ -605,7 +605,7 @@ TEST(ReferenceModels, RejectsUnsupportedConfigsAndBadWeights) {
   };
   const Weights lw = reference_random_weights(llama_config(), 1);
   json c = llama_config();
-  c["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  c["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
   throws(c, lw, ids);
   c = llama_config();
   c["hidden_act"] = "gelu";

@@ -55,7 +55,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
   std::string act = get_or<std::string>(j, "hidden_act", "silu");
   AUTOTP_USER_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (allowed: silu)", source, act);
-  reject_if_set(j, "rope_scaling", source, "only plain rotary embeddings are implemented");
+  c.rope_scaling = RopeScaling::from_json(j.value("rope_scaling", json()), source);
   bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   if (qwen2) {
     reject_if_set(j, "use_sliding_window", source, "sliding-window attention is not implemented");

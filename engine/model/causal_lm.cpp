@@ -394,8 +394,10 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   const torch::Tensor input_ids = input_ids_in.to(device_);
   const auto on_device = torch::TensorOptions().device(device_);
   const int64_t T = input_ids.size(1);
-  AUTOTP_USER_CHECK(T <= config_.max_positions, "sequence length {} exceeds the model's {} positions", T,
-                    config_.max_positions);
+  // GPT-2's learned positions end at n_positions; rotary ones do not (HF runs
+  // Llama-family models past max_position_embeddings; dynamic rope_scaling is for that).
+  AUTOTP_USER_CHECK(config_.family != ModelFamily::kGpt2 || T <= config_.max_positions,
+                    "sequence length {} exceeds the model's {} positions (n_positions)", T, config_.max_positions);
   backward_state_.clear();  // the previous forward's backward is done
   auto checkpointed = [this](int64_t l) {
     return l < static_cast<int64_t>(checkpoint_layers_.size()) && checkpoint_layers_[l];
@@ -411,14 +413,22 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
       x = run_use(l, x, [this, l](const torch::Tensor& in) { return gpt2_layer(l, in); }, checkpointed(l));
     return x;
   }
-  // Rotary tables in fp32 as HF computes them, then cast to the activation dtype.
+  // Rotary tables in fp32 as HF computes them (rope_scaling included), then cast
+  // to the activation dtype.
   const int64_t D = config_.head_dim;
-  auto exponent = torch::arange(0, D, 2, on_device.dtype(torch::kLong)).to(torch::kFloat32) / static_cast<double>(D);
-  auto inv_freq = 1.0 / torch::pow(config_.rope_theta, exponent);
+  const RotaryFrequencies rope =
+      rotary_frequencies(config_.rope_scaling, config_.rope_theta, D, config_.max_positions, T);
+  auto inv_freq = rope.inv_freq.to(on_device.device());
   auto positions = torch::arange(T, on_device.dtype(torch::kLong)).to(torch::kFloat32);
   auto freqs = torch::matmul(inv_freq.view({-1, 1}), positions.view({1, -1})).t();  // [T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
-  auto cos = emb.cos().to(dtype_).view({1, 1, T, D}), sin = emb.sin().to(dtype_).view({1, 1, T, D});
+  auto cos = emb.cos(), sin = emb.sin();
+  if (rope.attention_factor != 1) {  // yarn: HF scales both tables
+    cos = cos * rope.attention_factor;
+    sin = sin * rope.attention_factor;
+  }
+  cos = cos.to(dtype_).view({1, 1, T, D});
+  sin = sin.to(dtype_).view({1, 1, T, D});
   for (int64_t l = 0; l < config_.num_layers; ++l)
     x = run_use(
         l, x, [this, l, cos, sin](const torch::Tensor& in) { return llama_layer(l, in, cos, sin); }, checkpointed(l));

@@ -133,10 +133,68 @@ torch::Tensor future_mask(int64_t seq) {
 
 enum class LlamaVariant { kLlama, kMistral, kQwen2 };
 
+}  // namespace
+
+// HF's rope_scaling types (transformers' modeling_rope_utils), one frequency at a
+// time in double precision.
+RopeReference reference_rope(const json& rs, double theta, int64_t dim, int64_t max_positions, int64_t seq) {
+  const std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+  auto number = [&](const char* key, double fallback) {
+    return rs.contains(key) && !rs[key].is_null() ? rs[key].get<double>() : fallback;
+  };
+  const double factor = number("factor", 1), original = number("original_max_position_embeddings", max_positions);
+  double base = theta;
+  if (type == "dynamic" && seq > max_positions)
+    base = theta * std::pow(factor * seq / max_positions - (factor - 1), static_cast<double>(dim) / (dim - 2));
+  RopeReference r;
+  const double pi = std::acos(-1.0);
+  // yarn's ramp between the dimensions that turn beta_fast and beta_slow times over the context.
+  double low = 0, high = 1;
+  if (type == "yarn") {
+    auto dim_of = [&](double turns) { return dim * std::log(original / (turns * 2 * pi)) / (2 * std::log(theta)); };
+    low = dim_of(number("beta_fast", 32));
+    high = dim_of(number("beta_slow", 1));
+    if (!rs.contains("truncate") || rs["truncate"].get<bool>()) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1.0);
+    if (low == high) high += 0.001;
+    auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    const double m = number("mscale", 0), m_all = number("mscale_all_dim", 0);
+    r.attention_factor = rs.contains("attention_factor") && !rs["attention_factor"].is_null()
+                             ? rs["attention_factor"].get<double>()
+                             : (m != 0 && m_all != 0 ? mscale(factor, m) / mscale(factor, m_all) : mscale(factor, 1));
+  }
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double plain = 1.0 / std::pow(base, 2.0 * i / dim);
+    double f = plain;
+    if (type == "linear") f = plain / factor;
+    if (type == "llama3") {
+      const double low_factor = number("low_freq_factor", 1), high_factor = number("high_freq_factor", 4);
+      const double wavelen = 2 * pi / plain;
+      if (wavelen > original / low_factor) {
+        f = plain / factor;  // long wavelengths: interpolated
+      } else if (wavelen >= original / high_factor) {
+        const double smooth = (original / wavelen - low_factor) / (high_factor - low_factor);
+        f = (1 - smooth) * plain / factor + smooth * plain;
+      }
+    }
+    if (type == "yarn") {
+      const double extrapolate = 1 - std::clamp((i - low) / (high - low), 0.0, 1.0);
+      f = plain / factor * (1 - extrapolate) + plain * extrapolate;
+    }
+    r.inv_freq.push_back(f);
+  }
+  return r;
+}
+
+namespace {
+
 struct LlamaSpec {
   LlamaVariant variant = LlamaVariant::kLlama;
   int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   double eps = 1e-6, theta = 10000.0;
+  int64_t max_positions = 2048;
+  json rope_scaling;  // null: plain rotary
   bool qkv_bias = false, o_bias = false, mlp_bias = false, tie = false;
   std::optional<int64_t> sliding_window;  // Mistral only: sequences longer than this are refused
 };
@@ -172,7 +230,13 @@ LlamaSpec parse_llama(const json& config) {
 
   const std::string act = get_or<std::string>(config, "hidden_act", "silu");
   if (act != "silu") fail("hidden_act '" + act + "' is not supported (only silu)");
-  if (has(config, "rope_scaling")) fail("rope_scaling is not supported");
+  s.max_positions = get_or<int64_t>(config, "max_position_embeddings", 2048);
+  if (has(config, "rope_scaling")) {
+    s.rope_scaling = config.at("rope_scaling");
+    const std::string type = s.rope_scaling.value("rope_type", s.rope_scaling.value("type", std::string()));
+    if (type != "linear" && type != "dynamic" && type != "yarn" && type != "llama3" && type != "default")
+      fail("rope_scaling type '" + type + "' is not supported");
+  }
   if (get_or<double>(config, "partial_rotary_factor", 1.0) != 1.0) fail("partial_rotary_factor != 1 is not supported");
 
   if (s.variant == LlamaVariant::kQwen2) {
@@ -262,13 +326,21 @@ torch::Tensor reference_llama_logits(const nlohmann::json& config,
   auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(name); };
   auto maybe = [&](bool present, const std::string& name) { return present ? w(name) : torch::Tensor(); };
 
-  // Rotary tables (LlamaRotaryEmbedding, default rope): computed in fp32, cast to the model dtype.
-  torch::Tensor inv_freq = torch::reciprocal(torch::pow(
-      s.theta, torch::arange(0, s.head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(s.head_dim)));
+  // Rotary tables (LlamaRotaryEmbedding): computed in fp32, cast to the model dtype.
+  torch::Tensor inv_freq;
+  double attention_factor = 1;
+  if (s.rope_scaling.is_null()) {
+    inv_freq = torch::reciprocal(torch::pow(
+        s.theta, torch::arange(0, s.head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(s.head_dim)));
+  } else {
+    const RopeReference r = reference_rope(s.rope_scaling, s.theta, s.head_dim, s.max_positions, seq);
+    inv_freq = torch::tensor(r.inv_freq, torch::kDouble).to(torch::kFloat);
+    attention_factor = r.attention_factor;
+  }
   torch::Tensor positions = torch::arange(seq, torch::kLong).to(torch::kFloat);
   torch::Tensor freqs = torch::outer(positions, inv_freq);  // [T, head_dim/2]
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);      // [T, head_dim]
-  torch::Tensor cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+  torch::Tensor cos = (emb.cos() * attention_factor).to(dtype), sin = (emb.sin() * attention_factor).to(dtype);
 
   const torch::Tensor mask = future_mask(seq);
   const int64_t groups = s.heads / s.kv_heads;

@@ -4,7 +4,7 @@
 //
 // Semantics follow HF transformers' modeling_llama.py / modeling_mistral.py /
 // modeling_qwen2.py / modeling_gpt2.py (eager attention, no KV cache, positions
-// 0..T-1, no padding mask). Anything the reference does not model (rope_scaling,
+// 0..T-1, no padding mask). Anything the reference does not model (longrope,
 // sliding windows shorter than the sequence, non-default activations, ...) throws
 // std::runtime_error instead of silently computing something else. Weights are
 // validated against the names and shapes the config implies: a missing,
@@ -17,8 +17,20 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace autotp::test {
+
+// Rotary inverse frequencies of HF's rope_scaling types (linear, dynamic, yarn,
+// llama3; `rope_scaling` is the config.json object) for sequences of `seq`
+// tokens, computed per frequency in double precision from the formulas, and
+// the attention factor that scales cos and sin (yarn).
+struct RopeReference {
+  std::vector<double> inv_freq;
+  double attention_factor = 1;
+};
+RopeReference reference_rope(const nlohmann::json& rope_scaling, double theta, int64_t head_dim,
+                             int64_t max_positions, int64_t seq);
 
 // weights: HF parameter names of the *ForCausalLM / GPT2LMHeadModel state dict,
 // e.g. "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",

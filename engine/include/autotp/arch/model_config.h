@@ -1,11 +1,14 @@
 // Typed view of an HF config.json for the supported architectures. Parsing
-// rejects what the engine does not implement (rope_scaling, other activations,
-// sliding windows that would matter) instead of training a different model.
+// rejects what the engine does not implement (longrope and other rope_scaling
+// types, other activations, sliding windows that would matter) instead of
+// training a different model.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
+
+#include "autotp/arch/rope_scaling.h"
 
 namespace autotp {
 
@@ -24,6 +27,7 @@ struct ModelConfig {
   int64_t max_positions = 0;      // GPT-2 n_positions; Llama max_position_embeddings
   double norm_eps = 1e-5;         // rms_norm_eps / layer_norm_epsilon
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;       // Llama family: config.json rope_scaling (default: none)
   bool qkv_bias = false;          // attention_bias, or Qwen2's always-on q/k/v bias
   bool o_bias = false;            // attention_bias (Llama/Mistral); never in Qwen2
   bool mlp_bias = false;          // Llama mlp_bias
