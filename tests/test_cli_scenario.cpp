@@ -124,7 +124,14 @@ TEST_F(CliScenario, RunsEveryVariantAndWritesResultsAndReport) {
 
 TEST_F(CliScenario, AFailingCheckOrVariantMakesTheExitCodeNonZero) {
   json s = scenario();
-  s["variants"] = json::array({{{"name", "sim"}, {"kind", "simulate"}, {"simulate", {"--no-such-flag"}}},
+  // Two simulated layouts: Llama-2-7B on 8 A100s runs; cpu-local without its calibration
+  // file fails when it runs (the file is read then, not when the scenario is parsed).
+  s["variants"] = json::array({{{"name", "sim7b"}, {"kind", "simulate"}, {"model", "llama2-7b"},
+                                {"cluster", "8xA100-80GB"}, {"gpus", 8}, {"tp", 2}, {"zero_stage", 1},
+                                {"seq_len", 2048}},
+                               {{"name", "sim"}, {"kind", "simulate"}, {"model", "preset:llama-tiny"},
+                                {"cluster", "cpu-local"}, {"calibration", "no_such_calibration.json"}, {"gpus", 2},
+                                {"tp", 1}, {"zero_stage", 1}, {"seq_len", 32}},
                                {{"name", "z1"}, {"zero_stage", 1}}});
   // z1 keeps whole parameters; the baseline (ZeRO-3, dp 2) half: the ratio is about 2, far above 0.5.
   s["checks"] = json::array({{{"type", "memory_ratio"}, {"variant", "z1"}, {"of", "z3"},
@@ -135,13 +142,28 @@ TEST_F(CliScenario, AFailingCheckOrVariantMakesTheExitCodeNonZero) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   json res = results(dir_ + "/keep");
   EXPECT_FALSE(res["passed"].get<bool>());
-  ASSERT_EQ(res["variants"].size(), 3u);
-  EXPECT_EQ(res["variants"][1]["name"], "sim");
-  EXPECT_EQ(res["variants"][1]["status"], "failed");
-  EXPECT_NE(res["variants"][1]["error"].get<std::string>().find("exited with code 2"), std::string::npos)
-      << res["variants"][1]["error"];
-  EXPECT_EQ(res["variants"][2]["status"], "ok");  // --keep-going ran it after the failure
-  EXPECT_EQ(res["variants"][2]["loss"].size(), 2u);
+  ASSERT_EQ(res["variants"].size(), 4u);
+  const json& sim7b = res["variants"][1];
+  EXPECT_EQ(sim7b["kind"], "simulate");
+  ASSERT_EQ(sim7b["status"], "ok") << sim7b.dump();
+  EXPECT_EQ(sim7b["layout"]["world"], 8);
+  EXPECT_EQ(sim7b["layout"]["dp"], 4);
+  EXPECT_EQ(sim7b["layout"]["dtype"], "bf16");
+  EXPECT_TRUE(sim7b["simulate"]["fits"].is_boolean());
+  // The runner simulates in its own process; its "command" prints the same JSON.
+  const std::string command = sim7b["command"].get<std::string>();
+  const auto at = command.find(" simulate --model llama2-7b --cluster 8xA100-80GB --gpus 8 --tp 2 --zero 1 ");
+  ASSERT_NE(at, std::string::npos) << command;
+  auto cli = run_cli(command.substr(at + 1) + " 2>/dev/null");
+  ASSERT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_EQ(json::parse(cli.output), sim7b["simulate"]);
+  EXPECT_EQ(res["variants"][2]["name"], "sim");
+  EXPECT_EQ(res["variants"][2]["status"], "failed");
+  EXPECT_NE(res["variants"][2]["error"].get<std::string>().find("cluster cpu-local needs a calibration file"),
+            std::string::npos)
+      << res["variants"][2]["error"];
+  EXPECT_EQ(res["variants"][3]["status"], "ok");  // --keep-going ran it after the failure
+  EXPECT_EQ(res["variants"][3]["loss"].size(), 2u);
   const json& ratio = res["checks"][0];
   EXPECT_FALSE(ratio["passed"].get<bool>());
   EXPECT_NEAR(ratio["results"][0]["value"].get<double>(), 2.0, 0.01);
@@ -153,7 +175,9 @@ TEST_F(CliScenario, AFailingCheckOrVariantMakesTheExitCodeNonZero) {
   r = run_cli("scenario " + file + " --out " + dir_ + "/stop --steps 1 --no-report");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   res = results(dir_ + "/stop");
-  EXPECT_EQ(res["variants"][2]["status"], "not_run");
+  EXPECT_EQ(res["variants"][1]["status"], "ok");
+  EXPECT_EQ(res["variants"][2]["status"], "failed");
+  EXPECT_EQ(res["variants"][3]["status"], "not_run");
   EXPECT_FALSE(res["checks"][0]["passed"].get<bool>());
 }
 
@@ -178,6 +202,28 @@ TEST_F(CliScenario, BadScenarioExitsWithCode2) {
   r = run_cli("scenario " + write("nccl.json", s) + " --list");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("tp2_z1"), std::string::npos) << r.output;
+
+  // A kind "simulate" variant is read by the simulated-layout reader: listed, or rejected naming file and key.
+  s = scenario();
+  s["variants"].push_back({{"name", "sim"}, {"kind", "simulate"}, {"model", "llama2-7b"}, {"cluster", "8xA100-80GB"},
+                           {"gpus", 8}, {"tp", 2}, {"zero_stage", 1}, {"seq_len", 2048}});
+  r = run_cli("scenario " + write("sim.json", s) + " --list");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("simulate llama2-7b on 8xA100-80GB: 8 GPUs tp 2 dp 4 ZeRO-1 bf16"), std::string::npos)
+      << r.output;
+  s["variants"][1]["zero_stag"] = 1;
+  r = run_cli("scenario " + write("badsim.json", s) + " --list");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir_ + "/badsim.json: unknown key 'variants[1].zero_stag' in a kind \"simulate\" variant "
+                                 "(did you mean 'variants[1].zero_stage'?)"),
+            std::string::npos)
+      << r.output;
+  s["variants"][1].erase("zero_stag");
+  s["variants"][1]["gpus"] = "8";
+  r = run_cli("scenario " + write("badsim.json", s) + " --list");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir_ + "/badsim.json: variants[1].gpus must be an integer, got \"8\""), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

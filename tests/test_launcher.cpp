@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "launcher/launcher.h"
 #include "support/multiprocess.h"
@@ -91,6 +92,13 @@ AUTOTP_WORKER(sigkill_rank1) {
 }
 
 AUTOTP_WORKER(sleep_long) { sleep_seconds(120); }
+
+// Touches 256 MiB of its own and holds it long enough for the launcher's samples.
+AUTOTP_WORKER(hold_256_mib) {
+  std::vector<char> held(256u << 20, 1);
+  sleep_seconds(2.5);
+  WORKER_CHECK(held[12345] == 1, "held memory changed");
+}
 
 AUTOTP_WORKER(succeed) { std::fprintf(stderr, "rank %d is fine\n", ctx.env.rank); }
 
@@ -199,6 +207,28 @@ TEST(Launcher, SuccessfulRun) {
     EXPECT_EQ(rank.exit_code, 0);
     EXPECT_EQ(rank.output_tail, "rank " + std::to_string(rank.rank) + " is fine\n");
   }
+}
+
+// This process's resident set (VmRSS), bytes.
+static int64_t own_resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  int64_t kib = 0;
+  while (in >> key)
+    if (key == "VmRSS:" && in >> kib) return kib * 1024;
+  return 0;
+}
+
+TEST(Launcher, PeakResidentMemoryCountsWhatTheRanksHold) {
+  if (!std::filesystem::exists("/proc/self/smaps_rollup")) GTEST_SKIP() << "no /proc/PID/smaps_rollup on this kernel";
+  LaunchResult result = autotp::test::run_workers("hold_256_mib", 2);
+  ASSERT_EQ(result.exit_code, 0) << result.summary;
+  const int64_t held = 2 * (int64_t{256} << 20);
+  EXPECT_GE(result.peak_resident_bytes, held);
+  // Each process holds at most what this one does besides the 256 MiB (the same
+  // binary); shared pages make the sum smaller than that.
+  EXPECT_LE(result.peak_resident_bytes, held + 3 * own_resident_bytes() + (int64_t{64} << 20))
+      << "own resident " << own_resident_bytes();
 }
 
 TEST(Launcher, RanksSeeTheirEnvironment) {

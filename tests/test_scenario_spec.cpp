@@ -1,11 +1,14 @@
 // Scenario files: expansion of baselines, explicit variants and sweeps into
 // resolved DeepSpeed configs; skipped sweep combinations with their reasons;
 // every rejection (unknown key with a suggestion, an invalid combination, a
-// missing model, a check naming no variant) naming the file and key; the
-// step-time statistics of summarize_metrics.
+// missing model, a check naming no variant) naming the file and key; kind
+// "simulate" variants read as simulated layouts by the same strict reader as
+// simulate-only files; the step-time statistics of summarize_metrics.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+
+#include <functional>
 
 #include "autotp/io/safetensors.h"
 #include "autotp/base/error.h"
@@ -31,6 +34,11 @@ class ScenarioSpecTest : public ::testing::Test {
             {"world_size", 4},
             {"config", {{"train_batch_size", 8}, {"optimizer", {{"type", "AdamW"}}}}},
             {"variants", json::array({{{"name", "z1"}, {"zero_stage", 1}}})}};
+  }
+  // A kind "simulate" variant: Llama-2-7B on one node of A100s at tp 2 + ZeRO-1.
+  static json simulated() {
+    return {{"name", "sim"}, {"kind", "simulate"}, {"model", "llama2-7b"}, {"cluster", "8xA100-80GB"},
+            {"gpus", 8},     {"tp", 2},            {"zero_stage", 1},      {"seq_len", 2048}};
   }
   ScenarioSpec parse(const json& j) const { return ScenarioSpec::from_json(j, "s.json", dir_); }
   std::string error(const json& j) const {
@@ -208,6 +216,84 @@ TEST_F(ScenarioSpecTest, OnlyKeepsTheBaselineAndSuggestsNames) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST_F(ScenarioSpecTest, SimulateVariantsAreSimulatedLayouts) {
+  json j = base();
+  json v = simulated();
+  v["micro_batch"] = 2;
+  v["activation_checkpointing"] = "selective";
+  v["overlap_comm"] = false;
+  j["variants"].push_back(v);
+  auto s = parse(j);
+  ASSERT_EQ(s.variants.size(), 3u);
+  const auto& sim = s.variant("sim");
+  EXPECT_EQ(sim.kind, "simulate");
+  EXPECT_TRUE(sim.baseline.empty());
+  const SimulatedLayout& l = sim.simulated;
+  EXPECT_EQ(l.model, "llama2-7b");
+  EXPECT_EQ(l.cluster, "8xA100-80GB");
+  EXPECT_EQ(l.gpus, 8);
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.zero_stage, 1);
+  EXPECT_EQ(l.seq_len, 2048);
+  EXPECT_EQ(l.micro_batch, 2);
+  EXPECT_EQ(l.gas, 1);
+  EXPECT_EQ(l.dtype, "bf16");
+  EXPECT_EQ(l.recompute, "selective");
+  ASSERT_TRUE(l.overlap_comm.has_value());
+  EXPECT_FALSE(*l.overlap_comm);
+  EXPECT_EQ(l.simulate_args(),
+            (std::vector<std::string>{"--model", "llama2-7b", "--cluster", "8xA100-80GB", "--gpus", "8", "--tp", "2",
+                                      "--zero", "1", "--seq-len", "2048", "--micro-batch", "2", "--gas", "1",
+                                      "--dtype", "bf16", "--recompute", "selective", "--overlap-comm", "false"}));
+  auto result = simulate_layout(l);
+  EXPECT_EQ(result.layout.dp(), 4);
+  EXPECT_TRUE(result.layout.selective_recompute);
+  EXPECT_FALSE(result.layout.overlap_comm);
+  // A simulate variant has no baseline: --only keeps it alone.
+  s.select({"sim"});
+  ASSERT_EQ(s.variants.size(), 1u);
+  EXPECT_EQ(s.variants[0].name, "sim");
+}
+
+TEST_F(ScenarioSpecTest, SimulateVariantsAreReadStrictly) {
+  auto with = [&](const std::function<void(json&)>& edit) {
+    json j = base();
+    json v = simulated();
+    edit(v);
+    j["variants"].push_back(v);
+    return error(j);
+  };
+  EXPECT_EQ(with([](json& v) { v["zero_stag"] = 1; }),
+            "s.json: unknown key 'variants[1].zero_stag' in a kind \"simulate\" variant (did you mean "
+            "'variants[1].zero_stage'?)");
+  // The argument list of before is not a key any more.
+  std::string e = with([](json& v) { v["simulate"] = {"--model", "llama2-7b"}; });
+  EXPECT_EQ(e.find("s.json: unknown key 'variants[1].simulate' in a kind \"simulate\" variant"), 0u) << e;
+  EXPECT_EQ(with([](json& v) { v["gpus"] = "8"; }), "s.json: variants[1].gpus must be an integer, got \"8\"");
+  EXPECT_EQ(with([](json& v) { v["overlap_comm"] = "yes"; }),
+            "s.json: variants[1].overlap_comm must be true or false, got \"yes\"");
+  EXPECT_EQ(with([](json& v) { v["zero_stage"] = 4; }), "s.json: variants[1].zero_stage is 4 (allowed: 0, 1, 2, 3)");
+  EXPECT_EQ(with([](json& v) { v["dtype"] = "int8"; }),
+            "s.json: variants[1].dtype is \"int8\" (allowed: fp32, bf16, fp16)");
+  e = with([](json& v) { v.erase("cluster"); });
+  EXPECT_EQ(e.find("s.json: variants[1].cluster is missing (one of 8xA100-80GB,"), 0u) << e;
+  e = with([](json& v) { v["cluster"] = "8xA100-80G"; });
+  EXPECT_NE(e.find("variants[1].cluster is \"8xA100-80G\" (did you mean '8xA100-80GB'?)"), std::string::npos) << e;
+  e = with([](json& v) { v["model"] = "llama-9000"; });
+  EXPECT_EQ(e.find("s.json: variants[1].model is \"llama-9000\": unknown model (allowed: llama2-7b,"), 0u) << e;
+  EXPECT_EQ(with([](json& v) { v["tp"] = 3; }),
+            "s.json: variants[1].tp is 3, which does not divide gpus 8 (allowed: a divisor of 8)");
+  EXPECT_EQ(with([](json& v) { v["seq_len"] = 8192; }),
+            "s.json: variants[1].seq_len is 8192, beyond the model's 4096 positions (allowed: 1..4096)");
+  EXPECT_EQ(with([](json& v) { v["kind"] = "simulat"; }),
+            "s.json: variants[1].kind is \"simulat\" (allowed: train, simulate)");
+  EXPECT_EQ(with([](json& v) { v["name"] = "z1"; }), "s.json: variants[1].name is \"z1\", a name already used");
+  // A simulate-only scenario file is not a training scenario.
+  json only = {{"simulate", true}, {"model", "llama2-7b"}};
+  EXPECT_EQ(error(only),
+            "s.json: a simulate-only scenario (\"simulate\": true): run it with `autotp simulate --scenario s.json`");
 }
 
 TEST(ScenarioMetrics, StepTimeMedianAndP90SkipTheFirstStep) {

@@ -1,9 +1,11 @@
 // The simulator's formulas against closed forms: published parameter counts of
 // the catalog models, the ZeRO paper's model-state bytes, full-recomputation
 // activations (2 s b h per layer), training FLOPs, collective counts and ring
-// costs; and the CLI: --json fields, sweeps, bad input (exit code 2).
+// costs; and the CLI: --json fields, sweeps, bad input (exit code 2),
+// simulate-only scenario files (--scenario: the single layouts, strict keys).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -514,6 +516,86 @@ TEST(SimulatorCli, BadInputExitsWithTwo) {
     auto r = test::run_cli(base + b.args);
     EXPECT_EQ(r.exit_code, 2) << b.args << "\n" << r.output;
     EXPECT_NE(r.output.find(b.message), std::string::npos) << b.args << "\n" << r.output;
+  }
+}
+
+// A simulate-only scenario file (scenarios/llama2_7b_8gpu.json's schema): the top level's layout keys, each
+// variant's name, tp and zero_stage.
+json simulate_only_scenario() {
+  return {{"name", "small"},
+          {"simulate", true},
+          {"model", "llama2-7b"},
+          {"cluster", "8xA100-80GB"},
+          {"gpus", 8},
+          {"seq_len", 512},
+          {"micro_batch", 2},
+          {"activation_checkpointing", true},
+          {"assumptions", "none"},
+          {"variants", json::array({{{"name", "zero3"}, {"tp", 1}, {"zero_stage", 3}},
+                                    {{"name", "tp2-zero1"}, {"tp", 2}, {"zero_stage", 1}}})}};
+}
+
+TEST(SimulatorCli, ScenarioFileVariantsAreTheSingleLayouts) {
+  const std::string file = ::testing::TempDir() + "/sim_scenario.json";
+  io::write_text_file_atomic(file, simulate_only_scenario().dump(2));
+  auto r = test::run_cli("simulate --scenario " + file + " --json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = json::parse(r.output);
+  EXPECT_EQ(j["name"], "small");
+  ASSERT_EQ(j["variants"].size(), 2u);
+  const std::vector<std::pair<std::string, std::string>> variants = {{"zero3", "--tp 1 --zero 3"},
+                                                                     {"tp2-zero1", "--tp 2 --zero 1"}};
+  for (size_t i = 0; i < variants.size(); ++i) {
+    SCOPED_TRACE(variants[i].first);
+    auto one = test::run_cli("simulate --model llama2-7b --cluster 8xA100-80GB --gpus 8 --seq-len 512 --micro-batch 2 "
+                             "--recompute full " + variants[i].second + " --json 2>/dev/null");
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    json v = j["variants"][i];
+    EXPECT_EQ(v["name"], variants[i].first);
+    v.erase("name");
+    EXPECT_EQ(v, json::parse(one.output));
+  }
+  const std::string md = ::testing::TempDir() + "/sim_scenario.md";
+  r = test::run_cli("simulate --scenario " + file + " --markdown " + md);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string report = test::read_file(md);
+  EXPECT_NE(report.find("# Simulated: small\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("- 8 GPUs, sequence length 512, micro-batch 2, gradient accumulation 1, bf16, AdamW\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("- assumptions: none\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("| tp2-zero1 | 2 | 4 | 1 |"), std::string::npos) << report;
+}
+
+TEST(SimulatorCli, BadScenarioFileExitsWithTwoNamingFileAndKey) {
+  const std::string file = ::testing::TempDir() + "/sim_bad_scenario.json";
+  auto edited = [](const std::function<void(json&)>& edit) {
+    json j = simulate_only_scenario();
+    edit(j);
+    return j;
+  };
+  const std::vector<std::pair<json, std::string>> bad = {
+      {edited([](json& j) { j["gpu"] = 8; }), "unknown key 'gpu' (did you mean 'gpus'?)"},
+      {edited([](json& j) { j["variants"][0]["zero_stag"] = 3; }), "unknown key 'variants[0].zero_stag'"},
+      {edited([](json& j) { j["variants"][0]["zero_stag"] = 3; }), "(did you mean 'variants[0].zero_stage'?)"},
+      {edited([](json& j) { j["variants"][1]["micro_batch"] = 4; }), "unknown key 'variants[1].micro_batch'"},
+      {edited([](json& j) { j["seq_len"] = "512"; }), "seq_len must be an integer, got \"512\""},
+      {edited([](json& j) { j["variants"][1]["tp"] = 2.5; }), "variants[1].tp must be an integer, got 2.5"},
+      {edited([](json& j) { j["activation_checkpointing"] = 1; }), "activation_checkpointing is 1 (allowed:"},
+      {edited([](json& j) { j["variants"][0]["zero_stage"] = 4; }), "variants[0].zero_stage is 4 (allowed: 0, 1, 2, 3)"},
+      {edited([](json& j) { j["variants"][1]["tp"] = 3; }), "variants[1].tp is 3, which does not divide gpus 8"},
+      {edited([](json& j) { j["variants"][1].erase("tp"); }), "variants[1].tp is missing"},
+      {edited([](json& j) { j.erase("model"); }), "model is missing"},
+      {edited([](json& j) { j["cluster"] = "8xA100"; }), "cluster is \"8xA100\""},
+      {edited([](json& j) { j["simulate"] = false; }), "simulate is false"},
+      {edited([](json& j) { j.erase("simulate"); }), "not a simulate-only scenario"},
+  };
+  for (const auto& [j, message] : bad) {
+    io::write_text_file_atomic(file, j.dump(2));
+    auto r = test::run_cli("simulate --scenario " + file + " --json");
+    EXPECT_EQ(r.exit_code, 2) << j.dump() << "\n" << r.output;
+    EXPECT_NE(r.output.find("autotp: error: " + file + ": "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << message << "\n" << r.output;
   }
 }
 

@@ -5,6 +5,7 @@
 #include "autotp/model/presets.h"
 #include "autotp/base/error.h"
 #include "autotp/tp/tp_plan.h"
+#include "autotp/tp/tp_traffic.h"
 #include "support/model_fixtures.h"
 
 namespace autotp {
@@ -193,6 +194,89 @@ TEST(TpPlan, RankBytesSumOverShards) {
   // Sharded tensors add up to the model; replicated ones (norms, shared kv rows) count on every rank.
   EXPECT_GT(total, count_parameters(c) * 4);
   EXPECT_LT(bytes[0], count_parameters(c) * 4 / 2);
+}
+
+// The step's tp collectives (tp_traffic.h), by hand for llama-tiny (hidden 96, 2
+// layers, 6 heads, 2 kv heads) with micro-batches of N = 32 tokens.
+TEST(TpTraffic, StepCollectivesByHand) {
+  struct Sums {
+    int64_t calls = 0, bytes = 0, step_calls = 0, step_bytes = 0;
+  };
+  auto sums = [](const TpStepShape& shape) {
+    Sums s;
+    for (const auto& c : tp_step_collectives(shape)) {
+      EXPECT_GT(c.calls, 0) << c.what;
+      (c.per_micro_batch ? s.calls : s.step_calls) += c.calls;
+      (c.per_micro_batch ? s.bytes : s.step_bytes) += c.bytes;
+    }
+    return s;
+  };
+  auto run = [](TpStepShape s, int64_t element_bytes) {
+    s.tokens = 32;
+    s.hidden = 96;
+    s.element_bytes = element_bytes;
+    return s;
+  };
+  const auto c = config_of("llama-tiny");
+  const int64_t N = 32, A = N * 96 * 4;  // one fp32 activation
+
+  // tp 2: no kv head is shared (3 query heads per rank read one kv head); the
+  // norms are replicated, whole on every rank, and never summed.
+  const TpStepShape two = tp_step_shape(plan_of(c, 2), c.num_layers);
+  EXPECT_EQ(two.tp_size, 2);
+  EXPECT_EQ(two.row_linears, (std::vector<int64_t>{2, 2}));  // o_proj, down_proj
+  EXPECT_TRUE(two.embedding_split);
+  EXPECT_TRUE(two.head_split);
+  EXPECT_TRUE(two.shared_numel.empty());
+  // Per micro-batch: embedding 1 + 2 layers x 2 row linears x (forward + backward)
+  // + cross-entropy 2 (4N and 8N bytes) + the LM head input's gradient 1; per step the batch hash.
+  Sums s = sums(run(two, 4));
+  EXPECT_EQ(s.calls, 12);
+  EXPECT_EQ(s.bytes, 10 * A + 12 * N);
+  EXPECT_EQ(s.step_calls, 1);
+  EXPECT_EQ(s.step_bytes, 16);
+  // Recomputing layer 1 repeats its two forward all-reduces.
+  TpStepShape recomputed = run(two, 4);
+  recomputed.recompute = {false, true};
+  EXPECT_EQ(sums(recomputed).calls, 14);
+  // 16-bit activations: half the bytes, unless counted as the fp32 a Gloo reduction moves.
+  TpStepShape half = run(two, 2);
+  EXPECT_EQ(sums(half).bytes, 10 * A / 2 + 12 * N);
+  half.reduce_16bit_as_fp32 = true;
+  EXPECT_EQ(sums(half).bytes, 10 * A + 12 * N);
+
+  // A replicated embedding has no all-reduce; the vocab-parallel head keeps its three.
+  const TpStepShape head_only =
+      tp_step_shape(plan_of(c, 2, PlanRules::kAuto, {{{"model\\.embed_tokens\\.weight"}, TpRole::kReplicated, {}}}),
+                    c.num_layers);
+  EXPECT_FALSE(head_only.embedding_split);
+  EXPECT_TRUE(head_only.head_split);
+  EXPECT_EQ(sums(run(head_only, 4)).calls, 11);
+  // Tied: the embedding is the head.
+  const auto tied = config_of("llama-tiny-tied");
+  const TpStepShape tied_two = tp_step_shape(plan_of(tied, 2), tied.num_layers);
+  EXPECT_TRUE(tied_two.embedding_split);
+  EXPECT_TRUE(tied_two.head_split);
+
+  // tp 4: query heads 2/2/1/1, so rank 1 reads both kv heads and k_proj / v_proj
+  // (32 x 96 each) are shared: one all-reduce of each whole gradient.
+  const TpStepShape four = tp_step_shape(plan_of(c, 4), c.num_layers);
+  EXPECT_EQ(four.shared_numel, (std::vector<int64_t>(4, 32 * 96)));
+  TpStepShape at_step = run(four, 2);  // bf16, stage 1, fp32 accumulation: summed once, in fp32
+  at_step.zero_stage = 1;
+  at_step.fp32_accumulation = true;
+  s = sums(at_step);
+  EXPECT_EQ(s.step_calls, 1 + 4);
+  EXPECT_EQ(s.step_bytes, 16 + 4 * 32 * 96 * 4);
+  TpStepShape each_micro_batch = at_step;  // stage 2: with every micro-batch's reduction, in bf16
+  each_micro_batch.zero_stage = 2;
+  const Sums e = sums(each_micro_batch);
+  EXPECT_EQ(e.step_calls, 1);
+  EXPECT_EQ(e.calls, s.calls + 4);
+  EXPECT_EQ(e.bytes, s.bytes + 4 * 32 * 96 * 2);
+
+  // A group of one communicates nothing.
+  EXPECT_TRUE(tp_step_collectives(run(tp_step_shape(plan_of(c, 1), c.num_layers), 4)).empty());
 }
 
 }  // namespace

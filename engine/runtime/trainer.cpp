@@ -112,37 +112,25 @@ StepMetrics Trainer::train_step() {
   return train_step(micro_batches);
 }
 
-StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
-  const torch::Device device = model_->device();
-  const bool cuda = device.is_cuda();
-  // CUDA events on a GPU (its work is asynchronous), the host clock on CPU.
-  StepClock clock(device);
-  auto comm_seconds = [this] {
-    return topology_->tp().stats().seconds + topology_->dp().stats().seconds + topology_->world().stats().seconds;
-  };
-  auto async_seconds = [this] {
-    return topology_->tp().stats().async_seconds + topology_->dp().stats().async_seconds +
-           topology_->world().stats().async_seconds;
-  };
-  const double comm_at_start = comm_seconds(), async_at_start = async_seconds();
-  clock.mark();
-  const HostCpuTimes cpu_at_start = host_cpu_times();
-  reset_memory_peak();
-  reset_cuda_peak(device);
-  const int64_t at_start = cuda ? cuda_memory(device).allocated : memory_counts().current;
-  TORCH_CHECK(static_cast<int64_t>(micro_batches.size()) == config_.gradient_accumulation_steps,
-              "Trainer::train_step: expected ", config_.gradient_accumulation_steps, " micro-batches, got ",
-              micro_batches.size());
-  check_tp_consistency(micro_batches);
-  // Target tokens of the whole global batch: every micro-batch's loss is a share of the global mean.
+double Trainer::comm_seconds() const {
+  return topology_->tp().stats().seconds + topology_->dp().stats().seconds +
+         topology_->world().stats().seconds;
+}
+
+double Trainer::async_comm_seconds() const {
+  return topology_->tp().stats().async_seconds + topology_->dp().stats().async_seconds +
+         topology_->world().stats().async_seconds;
+}
+
+torch::Tensor Trainer::global_target_tokens(const std::vector<Batch>& micro_batches) {
   int64_t local_tokens = 0;
   for (const auto& b : micro_batches) local_tokens += (b.labels != kIgnoreLabel).sum().item<int64_t>();
   auto tokens = torch::tensor({static_cast<double>(local_tokens), 0.0}, torch::kFloat64);
   topology_->dp().all_reduce(tokens);
-  const double total_tokens = tokens[0].item<double>();
-  AUTOTP_USER_CHECK(total_tokens > 0, "step {}: the global batch has no target tokens (every label is masked)",
-                    steps_done_ + 1);
+  return tokens;
+}
 
+double Trainer::forward_backward(const std::vector<Batch>& micro_batches, double total_tokens) {
   optimizer_->begin_step();
   const double scale = optimizer_->loss_scale();
   double loss_sum = 0;
@@ -153,6 +141,56 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
     (sum * (scale / total_tokens)).backward();
     optimizer_->after_backward();
   }
+  return loss_sum;
+}
+
+void Trainer::record_memory(StepMetrics& m, const torch::Device& device, int64_t at_start) const {
+  m.model_states = optimizer_->model_state_bytes();
+  m.model_states_analytic = ZeroOptimizer::analytic_bytes(
+      optimizer_->layout(), model_->dtype(), config_.optimizer, optimizer_->fp32_grad_accumulation());
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  m.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
+  if (device.is_cuda()) {
+    const DeviceMemory gpu = cuda_memory(device);
+    m.memory_device = "cuda";
+    m.allocated_bytes = gpu.allocated;
+    m.peak_allocated_bytes = gpu.peak_allocated;
+    m.activations_peak_bytes = gpu.peak_allocated - at_start;
+    m.reserved_bytes = gpu.reserved;
+    m.peak_reserved_bytes = gpu.peak_reserved;
+  } else if (memory_counter_installed()) {
+    auto counts = memory_counts();
+    m.allocated_bytes = counts.current;
+    m.peak_allocated_bytes = counts.peak;
+    m.activations_peak_bytes = counts.peak - at_start;
+    m.peak_gathered_params_bytes = counts.tags_at_peak[static_cast<int>(MemoryTag::kGatheredParams)];
+    m.peak_gradient_buckets_bytes = counts.tags_at_peak[static_cast<int>(MemoryTag::kGradientBuckets)];
+  }
+}
+
+StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
+  const torch::Device device = model_->device();
+  // CUDA events on a GPU (its work is asynchronous), the host clock on CPU.
+  StepClock clock(device);
+  const double comm_at_start = comm_seconds(), async_at_start = async_comm_seconds();
+  clock.mark();
+  const HostCpuTimes cpu_at_start = host_cpu_times();
+  reset_memory_peak();
+  reset_cuda_peak(device);
+  const int64_t at_start = device.is_cuda() ? cuda_memory(device).allocated : memory_counts().current;
+  TORCH_CHECK(static_cast<int64_t>(micro_batches.size()) == config_.gradient_accumulation_steps,
+              "Trainer::train_step: expected ", config_.gradient_accumulation_steps, " micro-batches, got ",
+              micro_batches.size());
+  check_tp_consistency(micro_batches);
+  // Target tokens of the whole global batch: every micro-batch's loss is a share of the global mean.
+  // The tensor lives to the step's end: its bytes are part of the memory the step reports.
+  const torch::Tensor tokens = global_target_tokens(micro_batches);
+  const double total_tokens = tokens[0].item<double>();
+  AUTOTP_USER_CHECK(total_tokens > 0, "step {}: the global batch has no target tokens (every label is masked)",
+                    steps_done_ + 1);
+
+  const double loss_sum = forward_backward(micro_batches, total_tokens);
   clock.mark();
   const double comm_after_backward = comm_seconds();
   // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
@@ -177,34 +215,12 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.optimizer_s = phases[1];
   m.comm_forward_backward_s = comm_after_backward - comm_at_start;
   m.comm_optimizer_s = comm_seconds() - comm_after_backward;
-  m.comm_async_s = async_seconds() - async_at_start;
+  m.comm_async_s = async_comm_seconds() - async_at_start;
   m.step_time_s = m.forward_backward_s + m.optimizer_s;
   m.tokens_per_s = total_tokens / m.step_time_s;
   const HostCpuTimes cpu_at_end = host_cpu_times();
   m.host_cpu = {cpu_at_end.busy_s - cpu_at_start.busy_s, cpu_at_end.steal_s - cpu_at_start.steal_s};
-  m.model_states = optimizer_->model_state_bytes();
-  m.model_states_analytic =
-      ZeroOptimizer::analytic_bytes(optimizer_->layout(), model_->dtype(), config_.optimizer,
-                                    optimizer_->fp32_grad_accumulation());
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  m.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
-  if (cuda) {
-    const DeviceMemory gpu = cuda_memory(device);
-    m.memory_device = "cuda";
-    m.allocated_bytes = gpu.allocated;
-    m.peak_allocated_bytes = gpu.peak_allocated;
-    m.activations_peak_bytes = gpu.peak_allocated - at_start;
-    m.reserved_bytes = gpu.reserved;
-    m.peak_reserved_bytes = gpu.peak_reserved;
-  } else if (memory_counter_installed()) {
-    auto counts = memory_counts();
-    m.allocated_bytes = counts.current;
-    m.peak_allocated_bytes = counts.peak;
-    m.activations_peak_bytes = counts.peak - at_start;
-    m.peak_gathered_params_bytes = counts.tags_at_peak[static_cast<int>(MemoryTag::kGatheredParams)];
-    m.peak_gradient_buckets_bytes = counts.tags_at_peak[static_cast<int>(MemoryTag::kGradientBuckets)];
-  }
+  record_memory(m, device, at_start);
   return m;
 }
 

@@ -2,17 +2,9 @@
 
 #include <c10/util/accumulate.h>
 
-#include <regex>
+#include "autotp/arch/layer_names.h"
 
 namespace autotp {
-
-int64_t decoder_layer_of(const std::string& name) {
-  static const std::regex layer_name(R"((^|\.)(layers|h)\.([0-9]+)\.)");
-  std::smatch match;
-  if (!std::regex_search(name, match, layer_name)) return -1;
-  return std::stoll(match[3].str());
-}
-
 namespace {
 ZeroUnits plan_units(const TpPlan& plan) {
   int64_t layers = 0;

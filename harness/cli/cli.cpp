@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <iostream>
@@ -59,6 +60,11 @@ int maybe_launch(const WorldOptions& options) {
   launch.threads_per_rank = options.threads;
   auto result = launcher::launch_local(launch);
   if (result.exit_code != 0) std::cerr << "autotp: " << result.summary << std::endl;
+  if (result.exit_code == 0 && result.peak_resident_bytes > 0)
+    std::cerr << fmt::format(
+        "autotp: peak resident memory of the launcher and {} ranks together: {:.2f} GiB (proportional set "
+        "sizes, sampled every second: pages they share counted once)\n",
+        options.nproc, result.peak_resident_bytes / 1073741824.0);
   return result.exit_code;
 }
 

@@ -172,6 +172,201 @@ std::vector<std::string> split_list(const std::string& text, const std::vector<s
   return items;
 }
 
+struct Args {
+  std::string ops = "all", impls = "all", min_bytes = "8", max_bytes = "256MiB", json;
+  int64_t factor = 2, iters = 20, warmup = 2, repeat = 1;
+  double row_seconds = 1.0;
+  WorldOptions world;
+};
+
+void add_bench_comm_options(CLI::App& cmd, Args& args) {
+  cmd.add_option("--ops", args.ops,
+                 "Comma list of all_reduce, all_gather, reduce_scatter, broadcast, or all");
+  cmd.add_option("--impl", args.impls, "Comma list of comm, comm-gloo, c10d, or all (see bench/README.md)");
+  cmd.add_option("--min-bytes", args.min_bytes, "Smallest buffer (default 8; KB/MB/GB, KiB/MiB/GiB)");
+  cmd.add_option("--max-bytes", args.max_bytes, "Largest buffer (default 256MiB)");
+  cmd.add_option("--factor", args.factor, "Size multiplier between rows (default 2)")
+      ->check(CLI::Range(2, 1024));
+  cmd.add_option("--iters", args.iters, "Timed calls per row, at most (default 20)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--warmup", args.warmup, "Untimed calls per row first (default 2)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--row-seconds", args.row_seconds,
+                 "Time budget of one row's timed calls; fewer iterations for big sizes (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--repeat", args.repeat,
+                 "Time each row this many times, implementations interleaved; report the median (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--json", args.json, "Write the rows as JSON here (rank 0)");
+  add_world_options(cmd, args.world);
+}
+
+// One store; our Comm with and without shared memory, and a raw process group.
+// Members in creation order, so they are destroyed in reverse as locals would be.
+struct BenchGroups {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<Topology> topology;          // comm
+  std::shared_ptr<Topology> gloo;              // comm-gloo
+  c10::intrusive_ptr<c10d::ProcessGroup> raw;  // c10d
+};
+
+BenchGroups create_bench_groups(const DistEnv& env, double timeout_s) {
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  BenchGroups g;
+  StoreOptions store_options;
+  store_options.timeout = timeout;
+  g.store = create_tcp_store(env, store_options);
+  TopologyOptions with_shm;
+  with_shm.timeout = timeout;
+  TopologyOptions gloo_only = with_shm;
+  gloo_only.shared_memory = false;
+  g.topology = Topology::create_with_store(prefix_store("comm", g.store), env.rank, env.world_size, with_shm);
+  g.gloo =
+      Topology::create_with_store(prefix_store("comm-gloo", g.store), env.rank, env.world_size, gloo_only);
+  g.raw =
+      create_process_group(Backend::kGloo, prefix_store("c10d", g.store), env.rank, env.world_size, timeout);
+  return g;
+}
+
+// What every row of a run shares.
+struct BenchRun {
+  const Args& args;
+  BenchGroups& groups;
+  int rank, n;
+  BenchReport& report;
+};
+
+// Whole elements, a multiple of the world for the split collectives.
+int64_t element_count(const std::string& op, int64_t bytes, int n) {
+  int64_t count = std::max<int64_t>(bytes / 4, 1);
+  if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n * n, n);
+  return count;
+}
+
+// Timed calls per row: as many as fit --row-seconds after one timed call (slowest rank), at most --iters.
+int64_t row_iterations(Collective& collective, c10d::ProcessGroup& raw, const Args& args) {
+  for (int64_t w = 0; w < args.warmup; ++w) collective.run();
+  raw.barrier()->wait();
+  auto start = Clock::now();
+  collective.run();
+  const double first = max_over_ranks(raw, std::chrono::duration<double>(Clock::now() - start).count());
+  return std::clamp<int64_t>(static_cast<int64_t>(args.row_seconds / std::max(first, 1e-9)), 1, args.iters);
+}
+
+// Adds one implementation's row to the report and prints it on rank 0; false when its check failed.
+bool report_row(BenchRun& run, const std::string& op, const std::string& impl, Collective& collective,
+                int64_t count, int64_t iters, std::vector<double>& times) {
+  std::sort(times.begin(), times.end());
+  const double seconds = times[times.size() / 2];  // median of the repeats
+  const int64_t wrong = sum_over_ranks(*run.groups.raw, collective.check());
+  const double factor = bus_bandwidth_factor(op, run.n);
+  const double algbw = collective.bytes() / seconds / 1e9;
+  nlohmann::json row = {{"name", fmt::format("comm/{}/{}/{}", op, impl, collective.bytes())},
+                        {"op", op},
+                        {"impl", impl},
+                        {"bytes", collective.bytes()},
+                        {"count", count},
+                        {"world", run.n},
+                        {"iterations", iters},
+                        {"repeats", run.args.repeat},
+                        {"time_s", seconds},
+                        {"algbw_GBps", algbw},
+                        {"bus_factor", factor},
+                        {"busbw_GBps", algbw * factor},
+                        {"wrong", wrong},
+                        {"check", wrong == 0 ? "ok" : "FAILED"},
+                        {"higher_is_better", "busbw_GBps"}};
+  run.report.add(row);
+  if (run.rank == 0)
+    std::cout << fmt::format("  {:>12} {:>10}  {:<14} {:<9} {:>6} {:>11.1f} {:>11.3f} {:>11.3f}  {}\n",
+                             collective.bytes(), count, op, impl, iters, seconds * 1e6, algbw, algbw * factor,
+                             wrong == 0 ? "ok" : fmt::format("FAILED ({} wrong)", wrong))
+              << std::flush;
+  return wrong == 0;
+}
+
+// The rows of one op at one size, one per implementation; returns how many failed the check.
+// The implementations run back to back, so a shared machine's load changes as
+// little as possible between the rows they are compared by.
+int64_t bench_size(BenchRun& run, const std::string& op, int64_t bytes,
+                   const std::vector<std::string>& impls) {
+  std::vector<std::string> row_impls;
+  // Broadcast never uses the shared-memory transport: comm-gloo rows would repeat comm rows.
+  for (const auto& impl : impls)
+    if (impl != "comm-gloo" || op != "broadcast") row_impls.push_back(impl);
+  const int64_t count = element_count(op, bytes, run.n);
+  c10d::ProcessGroup& raw = *run.groups.raw;
+  const size_t k = row_impls.size();
+  std::vector<std::unique_ptr<Collective>> collectives;
+  std::vector<int64_t> iters(k);
+  std::vector<std::vector<double>> times(k);
+  for (size_t i = 0; i < k; ++i) {
+    Comm* comm = row_impls[i] == "comm" ? &run.groups.topology->world() : &run.groups.gloo->world();
+    collectives.push_back(
+        std::make_unique<Collective>(op, row_impls[i], comm, run.groups.raw, run.rank, run.n, count));
+    iters[i] = row_iterations(*collectives[i], raw, run.args);
+  }
+  for (int64_t rep = 0; rep < run.args.repeat; ++rep) {
+    for (size_t i = 0; i < k; ++i) {
+      raw.barrier()->wait();
+      const auto start = Clock::now();
+      for (int64_t it = 0; it < iters[i]; ++it) collectives[i]->run();
+      times[i].push_back(max_over_ranks(raw, std::chrono::duration<double>(Clock::now() - start).count()) /
+                         iters[i]);
+    }
+  }
+  int64_t failed_rows = 0;
+  for (size_t i = 0; i < k; ++i)
+    if (!report_row(run, op, row_impls[i], *collectives[i], count, iters[i], times[i])) ++failed_rows;
+  return failed_rows;
+}
+
+void run_bench_comm(const Args& args) {
+  // Bad flags fail here, before any rank starts.
+  const auto ops = split_list(args.ops, kOps, "--ops");
+  const auto impls = split_list(args.impls, kImpls, "--impl");
+  const int64_t min_bytes = static_cast<int64_t>(io::parse_byte_size(args.min_bytes));
+  const int64_t max_bytes = static_cast<int64_t>(io::parse_byte_size(args.max_bytes));
+  AUTOTP_USER_CHECK(min_bytes >= 4 && min_bytes <= max_bytes,
+                    "--min-bytes {} and --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes);
+  if (!run_as_rank(args.world)) return;
+  DistEnv env = DistEnv::from_environment();
+  AUTOTP_USER_CHECK(env.world_size >= 2, "bench-comm needs at least 2 ranks (use --nproc N, N >= 2)");
+  init_logging(LogOptions{env.rank});
+  const int threads = args.world.threads > 0 ? args.world.threads : env.threads;
+  if (threads > 0) at::set_num_threads(threads);
+
+  BenchGroups groups = create_bench_groups(env, args.world.timeout_s);
+  const int n = env.world_size, rank = env.rank;
+  const bool shm = groups.topology->world().uses_shared_memory();
+
+  BenchReport report("bench-comm");
+  report.context["world"] = n;
+  report.context["dtype"] = "float32";
+  report.context["threads_per_rank"] = at::get_num_threads();
+  report.context["shared_memory_all_reduce"] = shm;
+  if (rank == 0) {
+    std::cout << fmt::format(
+        "# autotp bench-comm: world {}, float32, {} thread(s) per rank, shared-memory all-reduce {}\n", n,
+        at::get_num_threads(), shm ? "on" : "off");
+    std::cout << fmt::format("# {:>12} {:>10}  {:<14} {:<9} {:>6} {:>11} {:>11} {:>11}  {}\n", "size(B)",
+                             "count", "op", "impl", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+                             "check");
+  }
+  BenchRun run{args, groups, rank, n, report};
+  int64_t failed_rows = 0;
+  for (const auto& op : ops)
+    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= args.factor)
+      failed_rows += bench_size(run, op, bytes, impls);
+  if (rank == 0) {
+    std::cout << fmt::format("# {} row(s), {} failed the check\n", report.size(), failed_rows);
+    if (!args.json.empty()) report.write(args.json);
+  }
+  groups.raw->barrier()->wait();  // rank 0 hosts the store: leave together
+  if (failed_rows > 0)
+    throw std::runtime_error(fmt::format("bench-comm: {} row(s) failed the check", failed_rows));
+}
+
 }  // namespace
 
 double bus_bandwidth_factor(const std::string& op, int world) {
@@ -183,145 +378,10 @@ double bus_bandwidth_factor(const std::string& op, int world) {
 }
 
 void register_bench_comm(CLI::App& app) {
-  struct Args {
-    std::string ops = "all", impls = "all", min_bytes = "8", max_bytes = "256MiB", json;
-    int64_t factor = 2, iters = 20, warmup = 2, repeat = 1;
-    double row_seconds = 1.0;
-    WorldOptions world;
-  };
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench-comm", "Collective benchmark (nccl-tests style): time, algbw, busbw, checked");
-  cmd->add_option("--ops", args->ops, "Comma list of all_reduce, all_gather, reduce_scatter, broadcast, or all");
-  cmd->add_option("--impl", args->impls, "Comma list of comm, comm-gloo, c10d, or all (see bench/README.md)");
-  cmd->add_option("--min-bytes", args->min_bytes, "Smallest buffer (default 8; KB/MB/GB, KiB/MiB/GiB)");
-  cmd->add_option("--max-bytes", args->max_bytes, "Largest buffer (default 256MiB)");
-  cmd->add_option("--factor", args->factor, "Size multiplier between rows (default 2)")->check(CLI::Range(2, 1024));
-  cmd->add_option("--iters", args->iters, "Timed calls per row, at most (default 20)")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", args->warmup, "Untimed calls per row first (default 2)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--row-seconds", args->row_seconds,
-                  "Time budget of one row's timed calls; fewer iterations for big sizes (default 1)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--repeat", args->repeat,
-                  "Time each row this many times, implementations interleaved; report the median (default 1)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--json", args->json, "Write the rows as JSON here (rank 0)");
-  add_world_options(*cmd, args->world);
-  cmd->callback([args] {
-    // Bad flags fail here, before any rank starts.
-    const auto ops = split_list(args->ops, kOps, "--ops");
-    const auto impls = split_list(args->impls, kImpls, "--impl");
-    const int64_t min_bytes = static_cast<int64_t>(io::parse_byte_size(args->min_bytes));
-    const int64_t max_bytes = static_cast<int64_t>(io::parse_byte_size(args->max_bytes));
-    AUTOTP_USER_CHECK(min_bytes >= 4 && min_bytes <= max_bytes,
-                      "--min-bytes {} and --max-bytes {}: need 4 <= min <= max", min_bytes, max_bytes);
-    if (!run_as_rank(args->world)) return;
-    DistEnv env = DistEnv::from_environment();
-    AUTOTP_USER_CHECK(env.world_size >= 2, "bench-comm needs at least 2 ranks (use --nproc N, N >= 2)");
-    init_logging(LogOptions{env.rank});
-    const int threads = args->world.threads > 0 ? args->world.threads : env.threads;
-    if (threads > 0) at::set_num_threads(threads);
-
-    // One store; our Comm with and without shared memory, and a raw process group.
-    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args->world.timeout_s * 1000));
-    StoreOptions store_options;
-    store_options.timeout = timeout;
-    auto store = create_tcp_store(env, store_options);
-    TopologyOptions with_shm;
-    with_shm.timeout = timeout;
-    TopologyOptions gloo_only = with_shm;
-    gloo_only.shared_memory = false;
-    auto topology = Topology::create_with_store(prefix_store("comm", store), env.rank, env.world_size, with_shm);
-    auto gloo = Topology::create_with_store(prefix_store("comm-gloo", store), env.rank, env.world_size, gloo_only);
-    auto raw = create_process_group(Backend::kGloo, prefix_store("c10d", store), env.rank, env.world_size, timeout);
-    const int n = env.world_size, rank = env.rank;
-
-    BenchReport report("bench-comm");
-    report.context["world"] = n;
-    report.context["dtype"] = "float32";
-    report.context["threads_per_rank"] = at::get_num_threads();
-    report.context["shared_memory_all_reduce"] = topology->world().uses_shared_memory();
-    if (rank == 0) {
-      std::cout << fmt::format("# autotp bench-comm: world {}, float32, {} thread(s) per rank, shared-memory all-reduce {}\n",
-                               n, at::get_num_threads(), topology->world().uses_shared_memory() ? "on" : "off");
-      std::cout << fmt::format("# {:>12} {:>10}  {:<14} {:<9} {:>6} {:>11} {:>11} {:>11}  {}\n", "size(B)",
-                               "count", "op", "impl", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
-    }
-    int64_t failed_rows = 0;
-    // Implementations of one size run back to back, so a shared machine's load
-    // changes as little as possible between the rows they are compared by.
-    for (const auto& op : ops) {
-      for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= args->factor) {
-        std::vector<std::string> row_impls;
-        // Broadcast never uses the shared-memory transport: comm-gloo rows would repeat comm rows.
-        for (const auto& impl : impls)
-          if (impl != "comm-gloo" || op != "broadcast") row_impls.push_back(impl);
-        // Whole elements, a multiple of the world for the split collectives.
-        int64_t count = std::max<int64_t>(bytes / 4, 1);
-        if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n * n, n);
-        const size_t k = row_impls.size();
-        std::vector<std::unique_ptr<Collective>> collectives;
-        std::vector<int64_t> iters(k);
-        std::vector<std::vector<double>> times(k);
-        for (size_t i = 0; i < k; ++i) {
-          Comm* comm = row_impls[i] == "comm" ? &topology->world() : &gloo->world();
-          collectives.push_back(std::make_unique<Collective>(op, row_impls[i], comm, raw, rank, n, count));
-          for (int64_t w = 0; w < args->warmup; ++w) collectives[i]->run();
-          raw->barrier()->wait();
-          auto start = Clock::now();
-          collectives[i]->run();
-          const double first = max_over_ranks(*raw, std::chrono::duration<double>(Clock::now() - start).count());
-          iters[i] = std::clamp<int64_t>(static_cast<int64_t>(args->row_seconds / std::max(first, 1e-9)), 1,
-                                         args->iters);
-        }
-        for (int64_t rep = 0; rep < args->repeat; ++rep) {
-          for (size_t i = 0; i < k; ++i) {
-            raw->barrier()->wait();
-            const auto start = Clock::now();
-            for (int64_t it = 0; it < iters[i]; ++it) collectives[i]->run();
-            times[i].push_back(max_over_ranks(*raw, std::chrono::duration<double>(Clock::now() - start).count()) /
-                               iters[i]);
-          }
-        }
-        for (size_t i = 0; i < k; ++i) {
-          const std::string& impl = row_impls[i];
-          Collective& collective = *collectives[i];
-          std::sort(times[i].begin(), times[i].end());
-          const double seconds = times[i][times[i].size() / 2];  // median of the repeats
-          const int64_t wrong = sum_over_ranks(*raw, collective.check());
-          if (wrong != 0) ++failed_rows;
-          const double factor = bus_bandwidth_factor(op, n);
-          const double algbw = collective.bytes() / seconds / 1e9;
-          nlohmann::json row = {{"name", fmt::format("comm/{}/{}/{}", op, impl, collective.bytes())},
-                                {"op", op},
-                                {"impl", impl},
-                                {"bytes", collective.bytes()},
-                                {"count", count},
-                                {"world", n},
-                                {"iterations", iters[i]},
-                                {"repeats", args->repeat},
-                                {"time_s", seconds},
-                                {"algbw_GBps", algbw},
-                                {"bus_factor", factor},
-                                {"busbw_GBps", algbw * factor},
-                                {"wrong", wrong},
-                                {"check", wrong == 0 ? "ok" : "FAILED"},
-                                {"higher_is_better", "busbw_GBps"}};
-          report.add(row);
-          if (rank == 0)
-            std::cout << fmt::format("  {:>12} {:>10}  {:<14} {:<9} {:>6} {:>11.1f} {:>11.3f} {:>11.3f}  {}\n",
-                                     collective.bytes(), count, op, impl, iters[i], seconds * 1e6, algbw,
-                                     algbw * factor, wrong == 0 ? "ok" : fmt::format("FAILED ({} wrong)", wrong))
-                      << std::flush;
-        }
-      }
-    }
-    if (rank == 0) {
-      std::cout << fmt::format("# {} row(s), {} failed the check\n", report.size(), failed_rows);
-      if (!args->json.empty()) report.write(args->json);
-    }
-    raw->barrier()->wait();  // rank 0 hosts the store: leave together
-    if (failed_rows > 0) throw std::runtime_error(fmt::format("bench-comm: {} row(s) failed the check", failed_rows));
-  });
+  add_bench_comm_options(*cmd, *args);
+  cmd->callback([args] { run_bench_comm(*args); });
 }
 
 }  // namespace autotp::cli

@@ -149,238 +149,349 @@ void print_volume_table(const StepCommVolume& counted, const StepCommVolume& ana
   }
 }
 
+void add_bench_step_options(CLI::App& cmd, Args& args) {
+  cmd.add_option("--model", args.model, "HF model directory or preset:NAME")->required();
+  cmd.add_option("--tp", args.tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
+  cmd.add_option("--zero", args.zero, "ZeRO stage 0-3 over the data-parallel group (default 0)")
+      ->check(CLI::Range(0, 3));
+  cmd.add_option("--micro-batch", args.micro_batch, "Sequences per micro-batch per rank (default 4)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--seq-len", args.seq_len, "Tokens per sequence (default 256)")->check(CLI::PositiveNumber);
+  cmd.add_option("--gas", args.gas, "Gradient accumulation steps (default 1)")->check(CLI::PositiveNumber);
+  cmd.add_option("--steps", args.steps, "Timed steps after the warm-up (default 5)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--warmup", args.warmup, "Untimed steps first (default 2)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("--dtype", args.dtype, "f32 or bf16 (default f32)")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd.add_flag("--activation-checkpointing", args.checkpointing, "Recompute every layer in the backward");
+  cmd.add_option(
+      "--overlap-comm", args.overlap_comm,
+      "zero_optimization.overlap_comm: ZeRO collectives behind compute (default: on for CUDA, off on CPU)");
+  cmd.add_option("--seed", args.seed, "Seed of the weights and the random tokens (default 1)");
+  cmd.add_option("--json", args.json, "Write the result as JSON here (rank 0)");
+  cmd.add_option(
+      "--profile", args.profile,
+      "Write a Chrome trace of one more step (torch's autograd profiler) here, per rank: PATH.rankN.json");
+  add_world_options(cmd, args.world);
+  add_device_options(cmd, args.world);
+}
+
+// Threads as this rank really runs them.
+struct RankThreads {
+  int torch_threads = 0, local_ranks = 0, cores = 0;
+  torch::Tensor row;  // torch, BLAS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS: gathered at rank 0
+};
+
+RankThreads rank_threads(const DistEnv& env) {
+  RankThreads t;
+  t.torch_threads = at::get_num_threads();
+  t.local_ranks = env.local_world_size;
+  t.cores = launcher::available_cores();
+  t.row = torch::tensor({static_cast<int64_t>(t.torch_threads), static_cast<int64_t>(blas_threads()),
+                         static_cast<int64_t>(env_int("OMP_NUM_THREADS")),
+                         static_cast<int64_t>(env_int("OPENBLAS_NUM_THREADS"))},
+                        torch::kLong);
+  return t;
+}
+
+// What MFU is measured against on this rank.
+struct ComputeLimit {
+  double rank = 0;         // the best GEMM rate below
+  double square_gemm = 0;  // GPU only: the 8192^3 GEMM in the run's dtype
+  std::string gpu;         // cuda_device_name
+  double spec_peak = 0;    // its bf16 spec peak (0: unknown)
+};
+
+// The compute limit: every rank runs the step's largest GEMM shapes at
+// once, with its thread count (so shared cores are shared here too).
+ComputeLimit measure_compute_limit(const Args& args, const ModelConfig& mc, torch::ScalarType dtype,
+                                   const torch::Device& device) {
+  const int64_t tokens = args.micro_batch * args.seq_len;
+  const double limit_mlp =
+      gemm_rate(tokens, mc.hidden_size, (mc.intermediate_size + args.tp - 1) / args.tp, dtype, device);
+  const double limit_head =
+      gemm_rate(tokens, mc.hidden_size, (mc.vocab_size + args.tp - 1) / args.tp, dtype, device);
+  ComputeLimit limit;
+  // On a GPU also a large square GEMM in the run's dtype (the rate a GPU's MFU is
+  // usually quoted against; bf16 for the GPU regression run).
+  limit.square_gemm = device.is_cuda() ? gemm_rate(8192, 8192, 8192, dtype, device) : 0.0;
+  limit.rank = std::max({limit_mlp, limit_head, limit.square_gemm});
+  limit.gpu = cuda_device_name(device);
+  limit.spec_peak = bf16_peak_flops(limit.gpu);
+  return limit;
+}
+
+// Random tokens, the same on every rank of a tp group, distinct across dp ranks and steps.
+std::vector<Batch> random_batches(const Args& args, int64_t vocab_size, int64_t micro_batches,
+                                  int64_t dp_rank, int64_t step) {
+  std::vector<Batch> batches;
+  auto gen = at::detail::createCPUGenerator(args.seed * 1000003 + step * 1009 + dp_rank);
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    auto ids = torch::randint(vocab_size, {args.micro_batch, args.seq_len + 1}, gen, torch::kLong);
+    batches.push_back(
+        {ids.narrow(1, 0, args.seq_len).contiguous(), ids.narrow(1, 1, args.seq_len).contiguous()});
+  }
+  return batches;
+}
+
+StepShape step_shape(Topology& topology, const Args& args) {
+  StepShape shape;
+  shape.tp_size = topology.tp_size();
+  shape.dp_size = topology.dp_size();
+  shape.tp_rank = topology.tp_rank();
+  shape.micro_batch = args.micro_batch;
+  shape.seq_len = args.seq_len;
+  return shape;
+}
+
+// Every rank's numbers, gathered at rank 0.
+struct GatheredRanks {
+  torch::Tensor all;               // per rank: median step, comm, GEMM limit, volume check, the threads row
+  std::vector<double> step_times;  // per timed step: its slowest rank's time
+};
+
+// Collectives of every rank, outside the timed steps.
+GatheredRanks gather_ranks(Topology& topology, const TimedSteps& timed, double rank_limit,
+                           const torch::Tensor& threads_row, int64_t steps) {
+  std::vector<double> mine = {median(timed.step), median(timed.comm), rank_limit,
+                              timed.volume_matches ? 1.0 : 0.0};
+  for (int64_t i = 0; i < 4; ++i) mine.push_back(static_cast<double>(threads_row[i].item<int64_t>()));
+  auto row = torch::tensor(mine, torch::kFloat64).view({1, -1});
+  GatheredRanks g;
+  g.all = topology.world().all_gather(row, 0);
+  g.step_times = timed.step;
+  auto steps_tensor = torch::tensor(timed.step, torch::kFloat64);
+  topology.world().all_reduce(steps_tensor, ReduceOp::kMax);  // a step ends when its slowest rank does
+  for (int64_t s = 0; s < steps; ++s) g.step_times[s] = steps_tensor[s].item<double>();
+  topology.world().barrier();
+  return g;
+}
+
+// Rank 0's totals over the gathered rows, and each rank's row for the JSON.
+struct RankSummary {
+  double comm_mean = 0;      // communication seconds per step, mean over ranks
+  double cluster_limit = 0;  // the ranks' GEMM limits, summed
+  bool all_match = true, oversubscribed = false;
+  nlohmann::json ranks = nlohmann::json::array();
+};
+
+RankSummary summarize_ranks(const torch::Tensor& all, int world, int local_ranks, int cores) {
+  RankSummary sum;
+  for (int r = 0; r < world; ++r) {
+    auto a = all[r];
+    sum.comm_mean += a[1].item<double>() / world;
+    sum.cluster_limit += a[2].item<double>();
+    sum.all_match = sum.all_match && a[3].item<double>() == 1.0;
+    const int t = static_cast<int>(a[4].item<double>()), blas = static_cast<int>(a[5].item<double>());
+    sum.oversubscribed = sum.oversubscribed || t * local_ranks > cores || blas * local_ranks > cores;
+    sum.ranks.push_back({{"rank", r},
+                         {"step_time_median_s", a[0].item<double>()},
+                         {"comm_s", a[1].item<double>()},
+                         {"gemm_limit_flops", a[2].item<double>()},
+                         {"torch_threads", t},
+                         {"blas_threads", blas},
+                         {"OMP_NUM_THREADS", static_cast<int>(a[6].item<double>())},
+                         {"OPENBLAS_NUM_THREADS", static_cast<int>(a[7].item<double>())},
+                         {"comm_volume_matches", a[3].item<double>() == 1.0}});
+  }
+  return sum;
+}
+
+// What rank 0 reports, in text and in JSON.
+struct StepReport {
+  std::string model, dtype, layout;  // source label, HF dtype name, "tpT-dpD-zeroZ-WxNt"
+  torch::Device device = torch::kCPU;
+  int tp = 1, dp = 1, world = 1;
+  RankThreads threads;
+  ComputeLimit limit;
+  RankSummary ranks;
+  std::vector<double> step_times;  // per timed step, its slowest rank
+  double step_median = 0, p90 = 0;
+  int64_t global_tokens = 0;
+  double flops_per_step = 0, achieved = 0, mfu = 0;
+};
+
+void print_step_report(const StepReport& r, const Args& args, const TrainConfig& config,
+                       const TimedSteps& timed, const StepCommVolume& analytic) {
+  const int world = r.world, torch_threads = r.threads.torch_threads;
+  const double step_median = r.step_median, comm_mean = r.ranks.comm_mean, spec_peak = r.limit.spec_peak;
+  std::cout << fmt::format(
+      "# autotp bench-step: {} ({}), {}, micro-batch {} x seq {} x gas {}, {} warm-up + {} steps\n", r.model,
+      r.dtype, r.layout, args.micro_batch, args.seq_len, config.gradient_accumulation_steps, args.warmup,
+      args.steps);
+  std::cout << fmt::format("  tokens/s            {:.1f}  ({} tokens per step)\n",
+                           r.global_tokens / step_median, r.global_tokens);
+  std::cout << fmt::format("  step time           median {:.4f} s, p90 {:.4f} s (slowest rank per step)\n",
+                           step_median, r.p90);
+  std::cout << fmt::format(
+      "  communication       {:.4f} s per step (mean over ranks), compute {:.4f} s ({:.1f}% comm)\n",
+      comm_mean, step_median - comm_mean, 100.0 * comm_mean / step_median);
+  std::cout << fmt::format("  model FLOPs         {:.3g} per step, achieved {:.2f} GFLOP/s\n",
+                           r.flops_per_step, r.achieved / 1e9);
+  std::cout << fmt::format(
+      "  GEMM limit          {:.2f} GFLOP/s ({} rank(s) x {} thread(s), measured together)\n",
+      r.ranks.cluster_limit / 1e9, world, torch_threads);
+  std::cout << fmt::format("  MFU                 {:.1f}%\n", 100.0 * r.mfu);
+  if (r.device.is_cuda()) {
+    std::cout << fmt::format(
+        "  GPU                 {}: {} 8192^3 GEMM {:.1f} TFLOP/s, bf16 spec peak {}\n", r.limit.gpu, r.dtype,
+        r.limit.square_gemm / 1e12,
+        spec_peak > 0 ? fmt::format("{:.0f} TFLOP/s", spec_peak / 1e12) : std::string("unknown"));
+    if (spec_peak > 0)
+      std::cout << fmt::format("  MFU (spec peak)     {:.1f}%\n", 100.0 * r.achieved / (spec_peak * world));
+    std::cout << fmt::format("  GPU memory (rank 0) peak allocated {:.2f} GiB, peak reserved {:.2f} GiB\n",
+                             timed.last.peak_allocated_bytes / 1073741824.0,
+                             timed.last.peak_reserved_bytes / 1073741824.0);
+  }
+  std::cout << fmt::format("  phases (rank 0)     forward+backward {:.4f} s, optimizer {:.4f} s (medians)\n",
+                           median(timed.forward_backward), median(timed.optimizer));
+  std::cout << fmt::format(
+      "  exposed comm        forward+backward {:.4f} s, optimizer {:.4f} s; started collectives "
+      "ran {:.4f} s on the lanes (rank 0 medians; overlap_comm {})\n",
+      median(timed.comm_forward_backward), median(timed.comm_optimizer), median(timed.lane),
+      config.zero.overlaps(r.device.is_cuda()));
+  std::cout << fmt::format("  threads per rank    torch {}, BLAS {}, {} local rank(s) on {} core(s): {}\n",
+                           torch_threads, blas_threads(), r.threads.local_ranks, r.threads.cores,
+                           r.ranks.oversubscribed ? "OVERSUBSCRIBED" : "not oversubscribed");
+  print_volume_table(timed.counted, analytic);
+  std::cout << fmt::format("  loss (last step)    {:.4f}\n", timed.loss) << std::flush;
+}
+
+void write_step_json(const StepReport& r, const Args& args, const TrainConfig& config,
+                     const TimedSteps& timed, const StepCommVolume& analytic) {
+  const StepMetrics& last = timed.last;
+  const bool cuda = r.device.is_cuda();
+  const double step_median = r.step_median, comm_mean = r.ranks.comm_mean;
+  BenchReport report("bench-step");
+  report.context["model"] = r.model;
+  report.context["cores"] = r.threads.cores;
+  report.context["device"] = r.device.str();
+  if (cuda) report.context["gpu"] = r.limit.gpu;
+  report.add({{"name", fmt::format("step/{}/{}/{}", r.model, r.dtype, r.layout)},
+              {"model", r.model},
+              {"dtype", r.dtype},
+              {"tp", r.tp},
+              {"dp", r.dp},
+              {"zero_stage", config.zero.stage},
+              {"world", r.world},
+              {"micro_batch", args.micro_batch},
+              {"seq_len", args.seq_len},
+              {"gradient_accumulation_steps", config.gradient_accumulation_steps},
+              {"steps", args.steps},
+              {"warmup", args.warmup},
+              {"tokens_per_step", r.global_tokens},
+              {"tokens_per_s", r.global_tokens / step_median},
+              {"step_time_median_s", step_median},
+              {"step_time_p90_s", r.p90},
+              {"step_times_s", r.step_times},
+              {"comm_s", comm_mean},
+              {"exposed_comm_forward_backward_s", median(timed.comm_forward_backward)},
+              {"exposed_comm_optimizer_s", median(timed.comm_optimizer)},
+              {"async_comm_s", median(timed.lane)},
+              {"overlap_comm", config.zero.overlaps(cuda)},
+              {"compute_s", step_median - comm_mean},
+              {"model_flops_per_step", r.flops_per_step},
+              {"achieved_flops", r.achieved},
+              {"gemm_limit_flops", r.ranks.cluster_limit},
+              {"mfu", r.mfu},
+              {"device", cuda ? "cuda" : "cpu"},
+              {"forward_backward_s", median(timed.forward_backward)},
+              {"optimizer_s", median(timed.optimizer)},
+              {"peak_allocated_bytes", last.peak_allocated_bytes},
+              {"memory_device", last.memory_device},
+              {"threads_per_rank", r.threads.torch_threads},
+              {"local_ranks", r.threads.local_ranks},
+              {"cores", r.threads.cores},
+              {"oversubscribed", r.ranks.oversubscribed},
+              {"comm_volume", {{"counted", timed.counted.to_json()}, {"analytic", analytic.to_json()}}},
+              {"comm_volume_matches", r.ranks.all_match},
+              {"ranks", r.ranks.ranks},
+              {"higher_is_better", "tokens_per_s"}});
+  if (cuda) {
+    auto& row = report.rows().back();
+    row["gpu"] = r.limit.gpu;
+    row["gemm_tflops"] = r.limit.square_gemm / 1e12;
+    row["mfu_measured_gemm"] = r.achieved / (r.limit.square_gemm * r.world);
+    row["mfu_spec"] =
+        r.limit.spec_peak > 0 ? nlohmann::json(r.achieved / (r.limit.spec_peak * r.world)) : nlohmann::json();
+    row["spec_peak_tflops"] = r.limit.spec_peak / 1e12;
+    row["peak_reserved_bytes"] = last.peak_reserved_bytes;
+  }
+  report.write(args.json);
+}
+
+void run_bench_step(const Args& args) {
+  if (!run_as_rank(args.world)) return;
+  retain_freed_memory();  // steps repeat the same allocations: reuse them instead of faulting pages in
+  auto source = resolve_model(args.model);
+  DistEnv env = DistEnv::from_environment();
+  const torch::ScalarType dtype = parse_dtype(args.dtype);
+  const TrainConfig config = bench_config(args, dtype, env.world_size);
+  AUTOTP_USER_CHECK(args.seq_len <= source.config.max_positions,
+                    "--seq-len {} exceeds the model's {} positions", args.seq_len,
+                    source.config.max_positions);
+  TpPlanOptions plan_options;
+  plan_options.tp_size = args.tp;
+  auto plan = TpPlan::build(source.config, plan_options);
+  const Placement placement = place_rank(args.world, config.device);
+  const torch::Device device = placement.device;
+  auto topology = join_world(args.world, args.tp, placement.backend);
+  const int rank = topology->rank(), world = topology->world_size();
+  torch::manual_seed(config.seed);
+  auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, device);
+  const RankThreads threads = rank_threads(env);
+  const ComputeLimit limit = measure_compute_limit(args, source.config, dtype, device);
+
+  Trainer trainer(config, topology, std::move(model), nullptr, false);
+  const int64_t dp_rank = topology->dp_rank();
+  auto make_batches = [&](int64_t step) {
+    return random_batches(args, source.config.vocab_size, config.gradient_accumulation_steps, dp_rank, step);
+  };
+  for (int64_t s = 0; s < args.warmup; ++s) trainer.train_step(make_batches(s));
+  const StepCommVolume analytic =
+      analytic_step_comm_volume(trainer.model(), config, step_shape(*topology, args));
+  const TimedSteps timed =
+      run_timed_steps(trainer, *topology, analytic, args.warmup, args.steps, make_batches);
+  if (!args.profile.empty()) {
+    // An extra step under the profiler: its overhead stays out of the timed steps.
+    auto batches = make_batches(args.warmup + args.steps);
+    torch::autograd::profiler::RecordProfile guard(fmt::format("{}.rank{}.json", args.profile, rank));
+    trainer.train_step(batches);
+  }
+  GatheredRanks gathered = gather_ranks(*topology, timed, limit.rank, threads.row, args.steps);
+  if (rank != 0) return;
+
+  StepReport r;
+  r.model = source.label;
+  r.dtype = hf_dtype_name(dtype);
+  r.device = device;
+  r.tp = topology->tp_size();
+  r.dp = topology->dp_size();
+  r.world = world;
+  r.threads = threads;
+  r.limit = limit;
+  r.ranks = summarize_ranks(gathered.all, world, threads.local_ranks, threads.cores);
+  r.step_times = std::move(gathered.step_times);
+  r.step_median = median(r.step_times);
+  r.p90 = quantile(r.step_times, 0.9);
+  r.global_tokens = config.train_batch_size * args.seq_len;
+  r.flops_per_step = model_flops_per_token(source.config, args.seq_len) * r.global_tokens;
+  r.achieved = r.flops_per_step / r.step_median;
+  r.mfu = r.achieved / r.ranks.cluster_limit;
+  r.layout =
+      fmt::format("tp{}-dp{}-zero{}-{}x{}t", r.tp, r.dp, config.zero.stage, world, threads.torch_threads);
+  print_step_report(r, args, config, timed, analytic);
+  if (!args.json.empty()) write_step_json(r, args, config, timed, analytic);
+  if (!r.ranks.all_match)
+    throw std::runtime_error("bench-step: counted communication differs from the analytic volume");
+}
+
 }  // namespace
 
 void register_bench_step(CLI::App& app) {
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench-step", "Time training steps of one layout: tokens/s, MFU, comm volume");
-  cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
-  cmd->add_option("--tp", args->tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
-  cmd->add_option("--zero", args->zero, "ZeRO stage 0-3 over the data-parallel group (default 0)")
-      ->check(CLI::Range(0, 3));
-  cmd->add_option("--micro-batch", args->micro_batch, "Sequences per micro-batch per rank (default 4)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--seq-len", args->seq_len, "Tokens per sequence (default 256)")->check(CLI::PositiveNumber);
-  cmd->add_option("--gas", args->gas, "Gradient accumulation steps (default 1)")->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", args->steps, "Timed steps after the warm-up (default 5)")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", args->warmup, "Untimed steps first (default 2)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--dtype", args->dtype, "f32 or bf16 (default f32)")->check(CLI::IsMember({"f32", "bf16"}));
-  cmd->add_flag("--activation-checkpointing", args->checkpointing, "Recompute every layer in the backward");
-  cmd->add_option("--overlap-comm", args->overlap_comm,
-                  "zero_optimization.overlap_comm: ZeRO collectives behind compute (default: on for CUDA, off on CPU)");
-  cmd->add_option("--seed", args->seed, "Seed of the weights and the random tokens (default 1)");
-  cmd->add_option("--json", args->json, "Write the result as JSON here (rank 0)");
-  cmd->add_option("--profile", args->profile,
-                  "Write a Chrome trace of one more step (torch's autograd profiler) here, per rank: PATH.rankN.json");
-  add_world_options(*cmd, args->world);
-  add_device_options(*cmd, args->world);
-  cmd->callback([args] {
-    if (!run_as_rank(args->world)) return;
-    retain_freed_memory();  // steps repeat the same allocations: reuse them instead of faulting pages in
-    auto source = resolve_model(args->model);
-    DistEnv env = DistEnv::from_environment();
-    const torch::ScalarType dtype = parse_dtype(args->dtype);
-    const TrainConfig config = bench_config(*args, dtype, env.world_size);
-    AUTOTP_USER_CHECK(args->seq_len <= source.config.max_positions, "--seq-len {} exceeds the model's {} positions",
-                      args->seq_len, source.config.max_positions);
-    TpPlanOptions plan_options;
-    plan_options.tp_size = args->tp;
-    auto plan = TpPlan::build(source.config, plan_options);
-    const Placement placement = place_rank(args->world, config.device);
-    const torch::Device device = placement.device;
-    auto topology = join_world(args->world, args->tp, placement.backend);
-    const int rank = topology->rank(), world = topology->world_size();
-    torch::manual_seed(config.seed);
-    auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, device);
-
-    // Threads as this rank really runs them.
-    const int torch_threads = at::get_num_threads();
-    const int local_ranks = env.local_world_size;
-    const int cores = launcher::available_cores();
-    auto threads_row = torch::tensor({static_cast<int64_t>(torch_threads), static_cast<int64_t>(blas_threads()),
-                                      static_cast<int64_t>(env_int("OMP_NUM_THREADS")),
-                                      static_cast<int64_t>(env_int("OPENBLAS_NUM_THREADS"))},
-                                     torch::kLong);
-
-    // The compute limit: every rank runs the step's largest GEMM shapes at
-    // once, with its thread count (so shared cores are shared here too).
-    const int64_t tokens = args->micro_batch * args->seq_len;
-    const auto& mc = source.config;
-    const double limit_mlp =
-        gemm_rate(tokens, mc.hidden_size, (mc.intermediate_size + args->tp - 1) / args->tp, dtype, device);
-    const double limit_head = gemm_rate(tokens, mc.hidden_size, (mc.vocab_size + args->tp - 1) / args->tp, dtype, device);
-    // On a GPU also a large square GEMM in the run's dtype (the rate a GPU's MFU is
-    // usually quoted against; bf16 for the GPU regression run).
-    const double square_bf16 = device.is_cuda() ? gemm_rate(8192, 8192, 8192, dtype, device) : 0.0;
-    const double rank_limit = std::max({limit_mlp, limit_head, square_bf16});
-    const std::string gpu = cuda_device_name(device);
-    const double spec_peak = bf16_peak_flops(gpu);
-
-    Trainer trainer(config, topology, std::move(model), nullptr, false);
-    const int64_t dp_rank = topology->dp_rank();
-    auto make_batches = [&](int64_t step) {
-      // Random tokens, the same on every rank of a tp group, distinct across dp ranks and steps.
-      std::vector<Batch> batches;
-      auto gen = at::detail::createCPUGenerator(args->seed * 1000003 + step * 1009 + dp_rank);
-      for (int64_t m = 0; m < config.gradient_accumulation_steps; ++m) {
-        auto ids = torch::randint(mc.vocab_size, {args->micro_batch, args->seq_len + 1}, gen, torch::kLong);
-        batches.push_back({ids.narrow(1, 0, args->seq_len).contiguous(), ids.narrow(1, 1, args->seq_len).contiguous()});
-      }
-      return batches;
-    };
-    for (int64_t s = 0; s < args->warmup; ++s) trainer.train_step(make_batches(s));
-
-    StepShape shape;
-    shape.tp_size = topology->tp_size();
-    shape.dp_size = topology->dp_size();
-    shape.tp_rank = topology->tp_rank();
-    shape.micro_batch = args->micro_batch;
-    shape.seq_len = args->seq_len;
-    const StepCommVolume analytic = analytic_step_comm_volume(trainer.model(), config, shape);
-    const TimedSteps timed = run_timed_steps(trainer, *topology, analytic, args->warmup, args->steps, make_batches);
-    const StepMetrics& last = timed.last;
-    const StepCommVolume& counted = timed.counted;
-
-    if (!args->profile.empty()) {
-      // An extra step under the profiler: its overhead stays out of the timed steps.
-      auto batches = make_batches(args->warmup + args->steps);
-      torch::autograd::profiler::RecordProfile guard(fmt::format("{}.rank{}.json", args->profile, rank));
-      trainer.train_step(batches);
-    }
-
-    // Every rank's numbers to rank 0 (outside the timed steps).
-    std::vector<double> mine = {median(timed.step), median(timed.comm), rank_limit, timed.volume_matches ? 1.0 : 0.0};
-    for (int64_t i = 0; i < 4; ++i) mine.push_back(static_cast<double>(threads_row[i].item<int64_t>()));
-    auto row = torch::tensor(mine, torch::kFloat64).view({1, -1});
-    auto all = topology->world().all_gather(row, 0);
-    std::vector<double> all_steps(timed.step);
-    auto steps_tensor = torch::tensor(timed.step, torch::kFloat64);
-    topology->world().all_reduce(steps_tensor, ReduceOp::kMax);  // a step ends when its slowest rank does
-    for (int64_t s = 0; s < args->steps; ++s) all_steps[s] = steps_tensor[s].item<double>();
-    topology->world().barrier();
-    if (rank != 0) return;
-
-    const double step_median = median(all_steps), p90 = quantile(all_steps, 0.9);
-    double comm_mean = 0, cluster_limit = 0;
-    bool all_match = true, oversubscribed = false;
-    nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < world; ++r) {
-      auto a = all[r];
-      comm_mean += a[1].item<double>() / world;
-      cluster_limit += a[2].item<double>();
-      all_match = all_match && a[3].item<double>() == 1.0;
-      const int t = static_cast<int>(a[4].item<double>()), blas = static_cast<int>(a[5].item<double>());
-      oversubscribed = oversubscribed || t * local_ranks > cores || blas * local_ranks > cores;
-      ranks.push_back({{"rank", r},
-                       {"step_time_median_s", a[0].item<double>()},
-                       {"comm_s", a[1].item<double>()},
-                       {"gemm_limit_flops", a[2].item<double>()},
-                       {"torch_threads", t},
-                       {"blas_threads", blas},
-                       {"OMP_NUM_THREADS", static_cast<int>(a[6].item<double>())},
-                       {"OPENBLAS_NUM_THREADS", static_cast<int>(a[7].item<double>())},
-                       {"comm_volume_matches", a[3].item<double>() == 1.0}});
-    }
-    const int64_t global_tokens = config.train_batch_size * args->seq_len;
-    const double flops_per_step = model_flops_per_token(mc, args->seq_len) * global_tokens;
-    const double achieved = flops_per_step / step_median;
-    const double mfu = achieved / cluster_limit;
-    const std::string layout = fmt::format("tp{}-dp{}-zero{}-{}x{}t", topology->tp_size(), topology->dp_size(),
-                                           config.zero.stage, world, torch_threads);
-
-    std::cout << fmt::format("# autotp bench-step: {} ({}), {}, micro-batch {} x seq {} x gas {}, {} warm-up + {} steps\n",
-                             source.label, hf_dtype_name(dtype), layout, args->micro_batch, args->seq_len,
-                             config.gradient_accumulation_steps, args->warmup, args->steps);
-    std::cout << fmt::format("  tokens/s            {:.1f}  ({} tokens per step)\n", global_tokens / step_median,
-                             global_tokens);
-    std::cout << fmt::format("  step time           median {:.4f} s, p90 {:.4f} s (slowest rank per step)\n", step_median, p90);
-    std::cout << fmt::format("  communication       {:.4f} s per step (mean over ranks), compute {:.4f} s ({:.1f}% comm)\n",
-                             comm_mean, step_median - comm_mean, 100.0 * comm_mean / step_median);
-    std::cout << fmt::format("  model FLOPs         {:.3g} per step, achieved {:.2f} GFLOP/s\n", flops_per_step,
-                             achieved / 1e9);
-    std::cout << fmt::format("  GEMM limit          {:.2f} GFLOP/s ({} rank(s) x {} thread(s), measured together)\n",
-                             cluster_limit / 1e9, world, torch_threads);
-    std::cout << fmt::format("  MFU                 {:.1f}%\n", 100.0 * mfu);
-    if (device.is_cuda()) {
-      std::cout << fmt::format("  GPU                 {}: {} 8192^3 GEMM {:.1f} TFLOP/s, bf16 spec peak {}\n", gpu,
-                               hf_dtype_name(dtype), square_bf16 / 1e12, spec_peak > 0 ? fmt::format("{:.0f} TFLOP/s", spec_peak / 1e12)
-                                                                 : std::string("unknown"));
-      if (spec_peak > 0)
-        std::cout << fmt::format("  MFU (spec peak)     {:.1f}%\n", 100.0 * achieved / (spec_peak * world));
-      std::cout << fmt::format("  GPU memory (rank 0) peak allocated {:.2f} GiB, peak reserved {:.2f} GiB\n",
-                               last.peak_allocated_bytes / 1073741824.0, last.peak_reserved_bytes / 1073741824.0);
-    }
-    std::cout << fmt::format("  phases (rank 0)     forward+backward {:.4f} s, optimizer {:.4f} s (medians)\n",
-                             median(timed.forward_backward), median(timed.optimizer));
-    std::cout << fmt::format("  exposed comm        forward+backward {:.4f} s, optimizer {:.4f} s; started collectives "
-                             "ran {:.4f} s on the lanes (rank 0 medians; overlap_comm {})\n",
-                             median(timed.comm_forward_backward), median(timed.comm_optimizer),
-                             median(timed.lane), config.zero.overlaps(device.is_cuda()));
-    std::cout << fmt::format("  threads per rank    torch {}, BLAS {}, {} local rank(s) on {} core(s): {}\n",
-                             torch_threads, blas_threads(), local_ranks, cores,
-                             oversubscribed ? "OVERSUBSCRIBED" : "not oversubscribed");
-    print_volume_table(counted, analytic);
-    std::cout << fmt::format("  loss (last step)    {:.4f}\n", timed.loss) << std::flush;
-
-    if (!args->json.empty()) {
-      BenchReport report("bench-step");
-      report.context["model"] = source.label;
-      report.context["cores"] = cores;
-      report.context["device"] = device.str();
-      if (device.is_cuda()) report.context["gpu"] = gpu;
-      report.add({{"name", fmt::format("step/{}/{}/{}", source.label, hf_dtype_name(dtype), layout)},
-                  {"model", source.label},
-                  {"dtype", hf_dtype_name(dtype)},
-                  {"tp", topology->tp_size()},
-                  {"dp", topology->dp_size()},
-                  {"zero_stage", config.zero.stage},
-                  {"world", world},
-                  {"micro_batch", args->micro_batch},
-                  {"seq_len", args->seq_len},
-                  {"gradient_accumulation_steps", config.gradient_accumulation_steps},
-                  {"steps", args->steps},
-                  {"warmup", args->warmup},
-                  {"tokens_per_step", global_tokens},
-                  {"tokens_per_s", global_tokens / step_median},
-                  {"step_time_median_s", step_median},
-                  {"step_time_p90_s", p90},
-                  {"step_times_s", all_steps},
-                  {"comm_s", comm_mean},
-                  {"exposed_comm_forward_backward_s", median(timed.comm_forward_backward)},
-                  {"exposed_comm_optimizer_s", median(timed.comm_optimizer)},
-                  {"async_comm_s", median(timed.lane)},
-                  {"overlap_comm", config.zero.overlaps(device.is_cuda())},
-                  {"compute_s", step_median - comm_mean},
-                  {"model_flops_per_step", flops_per_step},
-                  {"achieved_flops", achieved},
-                  {"gemm_limit_flops", cluster_limit},
-                  {"mfu", mfu},
-                  {"device", device.is_cuda() ? "cuda" : "cpu"},
-                  {"forward_backward_s", median(timed.forward_backward)},
-                  {"optimizer_s", median(timed.optimizer)},
-                  {"peak_allocated_bytes", last.peak_allocated_bytes},
-                  {"memory_device", last.memory_device},
-                  {"threads_per_rank", torch_threads},
-                  {"local_ranks", local_ranks},
-                  {"cores", cores},
-                  {"oversubscribed", oversubscribed},
-                  {"comm_volume", {{"counted", counted.to_json()}, {"analytic", analytic.to_json()}}},
-                  {"comm_volume_matches", all_match},
-                  {"ranks", ranks},
-                  {"higher_is_better", "tokens_per_s"}});
-      if (device.is_cuda()) {
-        auto& row = report.rows().back();
-        row["gpu"] = gpu;
-        row["gemm_tflops"] = square_bf16 / 1e12;
-        row["mfu_measured_gemm"] = achieved / (square_bf16 * world);
-        row["mfu_spec"] = spec_peak > 0 ? nlohmann::json(achieved / (spec_peak * world)) : nlohmann::json();
-        row["spec_peak_tflops"] = spec_peak / 1e12;
-        row["peak_reserved_bytes"] = last.peak_reserved_bytes;
-      }
-      report.write(args->json);
-    }
-    if (!all_match) throw std::runtime_error("bench-step: counted communication differs from the analytic volume");
-  });
+  add_bench_step_options(*cmd, *args);
+  cmd->callback([args] { run_bench_step(*args); });
 }
 
 }  // namespace autotp::cli

@@ -32,7 +32,15 @@ std::string report_script() {
 void list_variants(const scenario::ScenarioSpec& spec) {
   std::cout << fmt::format("scenario {} ({}): world {}, {} steps, device {}, backend {}\n", spec.name, spec.file,
                            spec.world_size, spec.steps, spec.device, spec.backend);
-  for (const auto& v : spec.variants)
+  for (const auto& v : spec.variants) {
+    if (v.kind == "simulate") {
+      const auto& l = v.simulated;
+      std::cout << fmt::format("  {:<20} simulate {} on {}: {} GPUs tp {} dp {} ZeRO-{} {}{} micro-batch {} x gas {} "
+                               "seq-len {}\n",
+                               v.name, l.model, l.cluster, l.gpus, l.tp, l.gpus / l.tp, l.zero_stage, l.dtype,
+                               l.recompute == "off" ? "" : " +" + l.recompute, l.micro_batch, l.gas, l.seq_len);
+      continue;
+    }
     std::cout << fmt::format("  {:<20} {} tp {} dp {} ZeRO-{} {}{} micro-batch {} x gas {} (global {}){}\n", v.name,
                              v.kind, v.config.tensor_parallel.autotp_size,
                              spec.world_size / v.config.tensor_parallel.autotp_size, v.config.zero.stage,
@@ -40,6 +48,7 @@ void list_variants(const scenario::ScenarioSpec& spec) {
                              v.config.activation_checkpointing.enabled ? " +" + v.config.activation_checkpointing.mode : "",
                              v.config.train_micro_batch_size_per_gpu, v.config.gradient_accumulation_steps,
                              v.config.train_batch_size, v.is_baseline ? " [baseline]" : " vs " + v.baseline);
+  }
   for (const auto& s : spec.skipped) std::cout << fmt::format("  {:<20} skipped: {}\n", s.name, s.reason);
   for (const auto& c : spec.checks) std::cout << fmt::format("  check {}\n", c.json.dump());
 }
@@ -47,6 +56,13 @@ void list_variants(const scenario::ScenarioSpec& spec) {
 void print_summary(const nlohmann::json& results) {
   for (const auto& v : results["variants"]) {
     std::string line = fmt::format("scenario: {:<16} {:<7}", v["name"].get<std::string>(), v["status"].get<std::string>());
+    if (v["status"] == "ok" && v["kind"] == "simulate") {
+      const auto& sim = v["simulate"];
+      line += fmt::format(" simulated peak {:.2f} GiB per GPU{}  step {:.3f}s  {:.0f} tok/s",
+                          sim["memory"]["total"].get<double>() / 1073741824.0,
+                          sim["fits"].get<bool>() ? "" : " (does not fit)", sim["time"]["step_s"].get<double>(),
+                          sim["tokens_per_s"].get<double>());
+    }
     if (v["status"] == "ok" && v["kind"] == "train") {
       line += fmt::format(" final loss {:.4f}  step {:.3f}s  {:.0f} tok/s", v["loss"].back().get<double>(),
                           v["step_time"]["median_s"].get<double>(), v["tokens_per_s_median"].get<double>());

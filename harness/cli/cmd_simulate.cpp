@@ -19,6 +19,7 @@
 #include "autotp/base/json_file.h"
 #include "autotp/base/log.h"
 #include "cli/cli.h"
+#include "scenario/simulated_layout.h"
 #include "simulator/calibration.h"
 #include "simulator/simulator.h"
 
@@ -38,6 +39,7 @@ struct SimulateArgs {
   std::optional<double> inter_node_bw, host_steal;
   bool activation_checkpointing = false, json = false, sweep = false, calibrate = false;
   std::optional<bool> overlap_comm;  // unset: as the engine, on for GPU clusters, off on cpu-local
+  bool dtype_given = false;          // --dtype on the command line (--calibrate then times that dtype, else fp32)
   WorldOptions world;
 };
 
@@ -64,12 +66,13 @@ void calibrate(const SimulateArgs& args) {
   options.micro_batch = args.micro_batch > 1 ? args.micro_batch : options.micro_batch;
   if (args.seq_len > 0) options.seq_len = args.seq_len;
   options.device = place_rank(args.world, "cpu").device;
+  options.dtype = args.dtype_given ? parse_sim_dtype(args.dtype, "--dtype") : torch::kFloat32;
   auto cal = sim::run_calibration(options);
   if (env.rank != 0) return;
   const std::string path = args.calibration.empty() ? sim::default_calibration_path() : args.calibration;
   write_output(path, cal.to_json().dump(2) + "\n");
-  std::cout << fmt::format("calibration of {} ranks x {} threads on {} written to {}\n", cal.world,
-                           cal.threads_per_rank, cal.device, path);
+  std::cout << fmt::format("calibration of {} ranks x {} threads on {} ({}) written to {}\n", cal.world,
+                           cal.threads_per_rank, cal.device, cal.dtype, path);
   std::cout << fmt::format("  GEMM: {} step shapes of {}, best {:.2f} GFLOP/s per rank\n", cal.gemm_seconds.size(),
                            cal.model, cal.gemm_peak_flops / 1e9);
   std::cout << fmt::format("  elementwise op: {:.1f} us + bytes / {:.2f} GB/s (forward+backward {:.1f} us)\n",
@@ -137,45 +140,35 @@ double run_steal_fraction(const std::vector<json>& lines, size_t first) {
   return steal_fraction({}, run);
 }
 
-// A simulate-only scenario: its variants, then every layout, as one markdown report.
+// A simulate-only scenario (the schema and strict reader of scenario/simulated_layout.h):
+// its variants, then every layout, as one markdown report. --calibration,
+// --overlap-comm, --inter-node-bw and --host-steal apply over the file.
 void run_scenario(const SimulateArgs& args) {
-  const json s = read_json_file(args.scenario, "scenario file");
-  auto need = [&](const char* key) -> const json& {
-    AUTOTP_USER_CHECK(s.contains(key), "{}: missing key '{}'", args.scenario, key);
-    return s[key];
+  const auto s = scenario::SimulateScenario::from_file(args.scenario);
+  auto model = sim::resolve_sim_model(s.base.model);
+  SimulateArgs cluster_args = args;
+  if (cluster_args.calibration.empty()) cluster_args.calibration = s.base.calibration;
+  auto cluster = cluster_from(cluster_args, s.base.cluster);
+  auto layout_of = [&](const scenario::SimulatedLayout& l) {
+    sim::SimLayout layout = l.sim_layout(cluster);
+    if (args.overlap_comm) layout.overlap_comm = *args.overlap_comm;
+    return layout;
   };
-  AUTOTP_USER_CHECK(s.value("simulate", false), "{}: 'simulate' must be true for `autotp simulate --scenario`",
-                    args.scenario);
-  auto model = sim::resolve_sim_model(need("model").get<std::string>());
-  auto cluster = cluster_from(args, need("cluster").get<std::string>());
-  sim::SimLayout base;
-  base.gpus = need("gpus").get<int>();
-  base.seq_len = need("seq_len").get<int64_t>();
-  base.micro_batch = need("micro_batch").get<int64_t>();
-  base.gas = s.value("gas", int64_t{1});
-  base.dtype = parse_sim_dtype(need("dtype").get<std::string>(), args.scenario + ": dtype");
-  base.activation_checkpointing = s.value("activation_checkpointing", false);
-  base.overlap_comm = args.overlap_comm.value_or(!cluster.calibration);
-  base.cuda = !cluster.calibration;
+  const sim::SimLayout base = layout_of(s.base);
 
   std::vector<sim::SimResult> variants;
   std::vector<std::string> names;
   json out = json::array();
-  for (const auto& v : need("variants")) {
-    sim::SimLayout l = base;
-    AUTOTP_USER_CHECK(v.contains("tp") && v.contains("zero_stage") && v.contains("name"),
-                      "{}: every variant needs 'name', 'tp' and 'zero_stage'", args.scenario);
-    l.tp = v["tp"].get<int>();
-    l.zero_stage = v["zero_stage"].get<int>();
-    variants.push_back(sim::simulate(model, cluster, l));
-    names.push_back(v["name"].get<std::string>());
+  for (const auto& v : s.variants) {
+    variants.push_back(sim::simulate(model, cluster, layout_of(v.layout)));
+    names.push_back(v.name);
     auto j = variants.back().to_json();
     j["name"] = names.back();
     out.push_back(j);
   }
   auto all = sim::sweep(model, cluster, base);
   if (args.json) {
-    std::cout << json{{"name", s.value("name", "")}, {"variants", out}}.dump(2) << "\n";
+    std::cout << json{{"name", s.name}, {"variants", out}}.dump(2) << "\n";
   } else if (args.markdown.empty()) {
     for (size_t i = 0; i < variants.size(); ++i) std::cout << names[i] << ":\n" << sim::format_result(variants[i]) << "\n";
     std::cout << sim::format_sweep(all);
@@ -183,7 +176,7 @@ void run_scenario(const SimulateArgs& args) {
   if (args.markdown.empty()) return;
 
   const auto& first = variants.front();
-  std::string md = fmt::format("# Simulated: {}\n\n", s.value("name", args.scenario));
+  std::string md = fmt::format("# Simulated: {}\n\n", s.name.empty() ? args.scenario : s.name);
   md += fmt::format(
       "Generated by `autotp simulate --scenario {} --markdown {}` from the analytic model of "
       "[docs/simulator.md](simulator.md); nothing here was run on GPUs.\n\n",
@@ -192,8 +185,8 @@ void run_scenario(const SimulateArgs& args) {
   md += fmt::format("- cluster: {} — {}\n- sources of the figures: {}\n", cluster.name, cluster.description,
                     cluster.sources);
   md += fmt::format("- {} GPUs, sequence length {}, micro-batch {}, gradient accumulation {}, {}, AdamW\n", base.gpus,
-                    base.seq_len, base.micro_batch, base.gas, s.value("dtype", ""));
-  if (s.contains("assumptions")) md += fmt::format("- assumptions: {}\n", s["assumptions"].get<std::string>());
+                    base.seq_len, base.micro_batch, base.gas, s.base.dtype);
+  if (!s.assumptions.empty()) md += fmt::format("- assumptions: {}\n", s.assumptions);
   md += "\n## Variants\n\n| variant | tp | dp | ZeRO | params | grads | master | optimizer | activations | comm "
         "buffers | transient grads | optimizer temporaries | peak / GPU (phase) | fits | compute | tp comm "
         "| ZeRO comm | hidden comm | step | tokens/s | MFU |\n"
@@ -251,11 +244,27 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   const json& last = lines.back();
   const json& lay = last["layout"];
   SimulateArgs a = args;
+  AUTOTP_USER_CHECK(lay.contains("seq_len") || args.seq_len >= 1,
+                    "--seq-len is required: {} was written before metrics carried the sequence length", args.measured);
   a.gpus = lay.at("world").get<int>();
   a.tp = lay.at("tp").get<int>();
   a.zero = lay.at("zero_stage").get<int>();
   a.dtype = lay.at("dtype").get<std::string>();
   a.overlap_comm = lay.value("overlap_comm", false);  // files from before overlap ran synchronously
+  // Newer files also carry the step's shape and ZeRO buckets; older ones take them from the flags.
+  a.micro_batch = lay.value("micro_batch", a.micro_batch);
+  a.gas = lay.value("gradient_accumulation_steps", a.gas);
+  a.seq_len = lay.value("seq_len", a.seq_len);
+  a.reduce_bucket_size = lay.value("reduce_bucket_size", a.reduce_bucket_size);
+  a.allgather_bucket_size = lay.value("allgather_bucket_size", a.allgather_bucket_size);
+  a.persistence_threshold = lay.value("stage3_param_persistence_threshold", a.persistence_threshold);
+  if (lay.contains("recompute")) {
+    a.recompute = lay["recompute"].get<std::string>();
+    AUTOTP_USER_CHECK(a.recompute != "some layers",
+                      "--measured {}: recomputation of some layers only is not simulated (off, selective, full)",
+                      args.measured);
+    a.activation_checkpointing = false;
+  }
   // The first step pays one-time costs (allocations, thread pools): the median of the rest.
   const size_t first = lines.size() > 1 ? 1 : 0;
   // Simulated at the steal the host took during those steps (cpu-local), unless --host-steal says otherwise.
@@ -298,9 +307,9 @@ void run(const SimulateArgs& args) {
                                          "config.json)");
   AUTOTP_USER_CHECK(!args.cluster.empty(), "--cluster is required (allowed: {})",
                     fmt::join(sim::cluster_names(), ", "));
-  AUTOTP_USER_CHECK(args.seq_len >= 1, "--seq-len is required (tokens per sequence)");
   if (!args.measured.empty())
     return compare_measured(args, sim::resolve_sim_model(args.model), cluster_from(args, args.cluster));
+  AUTOTP_USER_CHECK(args.seq_len >= 1, "--seq-len is required (tokens per sequence)");
   AUTOTP_USER_CHECK(args.gpus >= 1, "--gpus is required (a positive number of GPUs)");
   if (!args.sweep) {
     AUTOTP_USER_CHECK(args.tp.has_value(), "--tp is required (or --sweep for every layout)");
@@ -342,7 +351,7 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--micro-batch", args->micro_batch, "Sequences per GPU per forward (default 1)");
   cmd->add_option("--seq-len", args->seq_len, "Tokens per sequence");
   cmd->add_option("--gas", args->gas, "Gradient accumulation steps (default 1)");
-  cmd->add_option("--dtype", args->dtype, "bf16 | fp16 | fp32 (default bf16)");
+  cmd->add_option("--dtype", args->dtype, "bf16 | fp16 | fp32 (default bf16); with --calibrate the compute dtype to time (default fp32)");
   cmd->add_option("--optimizer", args->optimizer, "AdamW | Adam | SGD (default AdamW: 2 fp32 moments)")
       ->check(CLI::IsMember({"AdamW", "Adam", "SGD"}));
   cmd->add_option("--reduce-bucket-size", args->reduce_bucket_size,
@@ -369,7 +378,8 @@ void register_simulate(CLI::App& app) {
   cmd->add_flag("--sweep", args->sweep, "Every valid (tp, zero) for --gpus, sorted by tokens/s");
   cmd->add_option("--markdown", args->markdown, "Also write the sweep / scenario report as markdown here");
   cmd->add_option("--measured", args->measured,
-                  "Compare with an `autotp train --metrics` file (layout from the file; give --micro-batch, --seq-len)");
+                  "Compare with an `autotp train --metrics` file (layout, micro-batch, sequence, recomputation and buckets from "
+                  "the file; older files need --micro-batch, --seq-len)");
   cmd->add_option("--scenario", args->scenario, "Run a simulate-only scenario file (its variants and the sweep)");
   cmd->add_flag("--calibrate", args->calibrate,
                 "Measure this machine (GEMMs at step shapes, elementwise ops, Gloo collectives) for cpu-local; use "
@@ -379,7 +389,8 @@ void register_simulate(CLI::App& app) {
                   "Calibration file (default $AUTOTP_CALIBRATION or reports/calibration/cpu-local.json)");
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
-  cmd->callback([args] {
+  cmd->callback([args, cmd] {
+    args->dtype_given = cmd->count("--dtype") > 0;
     if (args->calibrate && !run_as_rank(args->world)) return;
     run(*args);
   });

@@ -25,7 +25,8 @@ std::string format_duration(double seconds) {
 
 // The step's metrics line: rank 0's metrics with every rank's memory (a
 // collective: every rank calls it; only rank 0 gets the line, the others null).
-nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& topology, const TrainConfig& config) {
+nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& topology, const TrainConfig& config,
+                            int64_t seq_len) {
   auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
                              m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
                              m.activations_peak_bytes, m.peak_reserved_bytes, m.peak_gathered_params_bytes,
@@ -36,7 +37,17 @@ nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& to
   nlohmann::json line = m.to_json();
   line["layout"] = {{"tp", topology.tp_size()}, {"dp", topology.dp_size()}, {"zero_stage", config.zero.stage},
                     {"world", topology.world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())},
-                    {"overlap_comm", config.zero.overlaps(trainer.model().device().is_cuda())}};
+                    {"overlap_comm", config.zero.overlaps(trainer.model().device().is_cuda())},
+                    // What `autotp simulate --measured` needs to simulate the same step.
+                    {"micro_batch", config.train_micro_batch_size_per_gpu},
+                    {"gradient_accumulation_steps", config.gradient_accumulation_steps},
+                    {"seq_len", seq_len},
+                    {"recompute", config.activation_checkpointing.enabled && config.activation_checkpointing.layers.empty()
+                                      ? config.activation_checkpointing.mode
+                                      : config.activation_checkpointing.enabled ? "some layers" : "off"},
+                    {"reduce_bucket_size", config.zero.reduce_bucket_size},
+                    {"allgather_bucket_size", config.zero.allgather_bucket_size},
+                    {"stage3_param_persistence_threshold", config.zero.stage3_param_persistence_threshold}};
   const char* keys[] = {"params", "grads", "master_weights", "optimizer_states", "peak_rss_bytes",
                         "peak_allocated_bytes", "activations_peak_bytes", "peak_reserved_bytes",
                         "peak_gathered_params_bytes", "peak_gradient_buckets_bytes"};
@@ -155,7 +166,7 @@ void register_train(CLI::App& app) {
         saved_at = m.step;
       }
       // Every rank's memory goes into rank 0's line.
-      nlohmann::json line = metrics_line(m, trainer, *topology, config);
+      nlohmann::json line = metrics_line(m, trainer, *topology, config, data->seq_len());
       if (line.is_null()) continue;
       if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;
       const double eta = elapsed / static_cast<double>(s + 1 - first_step) * static_cast<double>(args->steps - s - 1);

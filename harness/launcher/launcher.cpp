@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <system_error>
@@ -35,6 +36,7 @@ namespace {
 constexpr size_t kTailLines = 40;
 constexpr size_t kMaxLineBytes = 64 * 1024;  // a longer "line" is forwarded in pieces
 constexpr int kPollMs = 20;                  // also how often exited ranks are reaped
+constexpr int64_t kResidentSampleNs = 1'000'000'000;  // how often the run's resident memory is sampled
 constexpr const char* kErrorFileVariable = "AUTOTP_ERROR_FILE";
 
 using Clock = std::chrono::steady_clock;
@@ -124,6 +126,19 @@ std::optional<int64_t> recorded_failure_ns(const std::string& path) {
   int64_t ns = 0;
   if (in >> ns) return ns;
   return std::nullopt;
+}
+
+// A process's proportional set size in bytes (shared pages divided among their
+// sharers), 0 when /proc does not say (exited, or a kernel without smaps_rollup).
+int64_t proportional_set_bytes(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/smaps_rollup", pid));
+  std::string key;
+  int64_t kib = 0;
+  while (in >> key) {
+    if (key == "Pss:" && in >> kib) return kib * 1024;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
 }
 
 class LocalLaunch {
@@ -262,6 +277,7 @@ class LocalLaunch {
         if (fds[i].revents != 0) read_output(owners[i]);
       }
       reap();
+      sample_resident_memory();
       if (kill_deadline_ns_ != 0 && !killed_ && now_ns() >= kill_deadline_ns_) {
         killed_ = true;
         stop_all(SIGKILL);
@@ -293,6 +309,16 @@ class LocalLaunch {
     if (kill_deadline_ns_ == 0) {
       kill_deadline_ns_ = now_ns() + static_cast<int64_t>(std::max(0.0, options_.kill_grace_s) * 1e9);
     }
+  }
+
+  void sample_resident_memory() {
+    const int64_t now = now_ns();
+    if (now - last_sample_ns_ < kResidentSampleNs) return;
+    last_sample_ns_ = now;
+    int64_t total = proportional_set_bytes(getpid());
+    for (const auto& rank : ranks_)
+      if (rank.running) total += proportional_set_bytes(rank.pid);
+    peak_resident_bytes_ = std::max(peak_resident_bytes_, total);
   }
 
   void reap() {
@@ -364,6 +390,7 @@ class LocalLaunch {
 
   LaunchResult summarize() const {
     LaunchResult result;
+    result.peak_resident_bytes = peak_resident_bytes_;
     int64_t first_failure_ns = 0;
     for (int r = 0; r < options_.nproc; ++r) {
       const Rank& rank = ranks_[r];
@@ -408,6 +435,7 @@ class LocalLaunch {
   std::vector<Rank> ranks_;
   std::string error_dir_;
   int64_t kill_deadline_ns_ = 0;
+  int64_t last_sample_ns_ = 0, peak_resident_bytes_ = 0;
   bool killed_ = false;
   int interrupted_by_ = 0;
   int spawn_failed_rank_ = -1;

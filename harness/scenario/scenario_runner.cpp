@@ -92,25 +92,6 @@ std::vector<ModelStateBytes> analytic_per_rank(const VariantSpec& v, const Model
   return out;
 }
 
-// Runs a command (argv) and returns its stdout; stderr goes to `log_path`.
-std::pair<int, std::string> capture(const std::vector<std::string>& argv, const std::string& log_path) {
-  std::string command;
-  for (const auto& a : argv) {
-    std::string quoted = "'";
-    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    command += quoted + "' ";
-  }
-  command += "2>'" + log_path + "'";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return {127, ""};
-  std::string out;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
 class Runner {
  public:
   Runner(const ScenarioSpec& spec, const RunOptions& options) : spec_(spec), options_(options) {
@@ -224,6 +205,7 @@ class Runner {
   }
 
   json describe(const VariantSpec& v) const {
+    if (v.kind == "simulate") return describe_simulated(v);
     const int dp = spec_.world_size / v.config.tensor_parallel.autotp_size;
     return {{"name", v.name},
             {"kind", v.kind},
@@ -243,6 +225,32 @@ class Runner {
               // "auto": on when the run trains on CUDA
               {"overlap_comm", v.config.zero.overlap_comm ? json(*v.config.zero.overlap_comm) : json("auto")}}},
             {"config", v.ds_config},
+            {"status", "not_run"},
+            {"error", ""}};
+  }
+
+  // A simulate variant: its simulated layout in the fields a train variant has (world = its GPUs).
+  json describe_simulated(const VariantSpec& v) const {
+    const SimulatedLayout& l = v.simulated;
+    const int dp = l.gpus / l.tp;
+    return {{"name", v.name},
+            {"kind", v.kind},
+            {"model", l.model},
+            {"baseline", v.baseline},
+            {"is_baseline", false},
+            {"layout",
+             {{"world", l.gpus},
+              {"tp", l.tp},
+              {"dp", dp},
+              {"zero_stage", l.zero_stage},
+              {"dtype", l.dtype},
+              {"micro_batch", l.micro_batch},
+              {"gradient_accumulation_steps", l.gas},
+              {"train_batch_size", l.micro_batch * l.gas * dp},
+              {"activation_checkpointing", l.recompute},
+              {"overlap_comm", l.overlap_comm ? json(*l.overlap_comm) : json("auto")}}},
+            {"config", l.to_json()},  // the simulated layout as the scenario file gives it
+            {"cluster", l.cluster},
             {"status", "not_run"},
             {"error", ""}};
   }
@@ -364,34 +372,22 @@ class Runner {
                         {"rank0_reported_analytic", last.value("model_states_analytic", json())}};
   }
 
+  // The simulator in this process; "command" is the `autotp simulate` line that prints the same JSON.
   void run_simulate(const VariantSpec& v, json& result) {
-    const std::string dir = options_.out_dir + "/variants/" + v.name;
-    make_dir(dir);
-    std::vector<std::string> argv = {exe_, "simulate"};
-    argv.insert(argv.end(), v.simulate_args.begin(), v.simulate_args.end());
-    argv.push_back("--json");
+    std::string command = exe_ + " simulate";
+    for (const auto& a : v.simulated.simulate_args()) command += " " + a;
+    result["command"] = command + " --json";
     auto start = Clock::now();
-    auto [code, out] = capture(argv, dir + "/simulate.log");
-    result["wall_s"] = std::chrono::duration<double>(Clock::now() - start).count();
-    std::string command;
-    for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
-    result["command"] = command;
-    if (code != 0) {
+    try {
+      result["simulate"] = simulate_layout(v.simulated).to_json();
+      result["status"] = "ok";
+    } catch (const std::exception& e) {  // e.g. cpu-local without its calibration file
       result["status"] = "failed";
-      std::ifstream in(dir + "/simulate.log");
-      std::stringstream text;
-      text << in.rdbuf();
-      result["error"] = fmt::format("`autotp simulate` exited with code {}: {}", code, text.str());
-    } else {
-      try {
-        result["simulate"] = json::parse(out);
-        result["status"] = "ok";
-      } catch (const json::exception& e) {
-        result["status"] = "failed";
-        result["error"] = fmt::format("`autotp simulate --json` printed no JSON ({})", e.what());
-      }
+      result["error"] = fmt::format("simulate: {}", e.what());
     }
-    std::cerr << fmt::format("scenario: {} (simulate) {}\n", v.name, result["status"].get<std::string>());
+    result["wall_s"] = std::chrono::duration<double>(Clock::now() - start).count();
+    std::cerr << fmt::format("scenario: {} (simulate) {}{}\n", v.name, result["status"].get<std::string>(),
+                             result["status"] == "ok" ? "" : ": " + result["error"].get<std::string>());
   }
 
   void progress(const VariantSpec& v, int index, int total, int64_t steps_done, double elapsed, bool last) {

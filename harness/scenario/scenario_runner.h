@@ -1,7 +1,8 @@
 // Runs a ScenarioSpec: every train variant as a real multi-process job
 // (`autotp train` on world_size ranks started by the launcher), collecting its
-// metrics JSONL into results.json; simulate variants run `autotp simulate ...
-// --json` and keep its JSON. Then evaluates the checks (scenario_checks.h) and
+// metrics JSONL into results.json; simulate variants run the simulator on their
+// simulated layout in this process and keep its JSON (what `autotp simulate
+// ... --json` prints). Then evaluates the checks (scenario_checks.h) and
 // writes OUT/results.json (format in scenarios/README.md). One run at a time
 // per process (the launcher installs signal handlers for its duration).
 #pragma once

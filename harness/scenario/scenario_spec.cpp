@@ -33,8 +33,9 @@ const std::vector<std::string> kCheckTypes = {"loss_agreement", "ratio", "memory
 // getters) plus the getters scenario files need. Errors read "FILE: WHERE.key ...".
 class Section : public JsonSection {
  public:
-  Section(const json& j, const std::string& where, const std::string& file, std::vector<std::string> allowed)
-      : JsonSection(object_or_fail(j, where, file), where, file, std::move(allowed)) {}
+  Section(const json& j, const std::string& where, const std::string& file, std::vector<std::string> allowed,
+          const std::string& context = "")
+      : JsonSection(object_or_fail(j, where, file), where, file, std::move(allowed), context) {}
 
   std::string required_string(const std::string& key, const std::string& what) const {
     if (!has(key)) fail("{} is missing ({})", where(key), what);
@@ -180,12 +181,10 @@ class Expander {
  public:
   Expander(ScenarioSpec& spec) : spec_(spec) {}
 
-  // Builds and validates one variant; returns the reason it cannot run, or "".
-  std::string add(const std::string& name, const Layout& layout, bool is_baseline, const std::string& baseline,
-                  const std::string& kind = "train") {
+  // Builds and validates one train variant; returns the reason it cannot run, or "".
+  std::string add(const std::string& name, const Layout& layout, bool is_baseline, const std::string& baseline) {
     VariantSpec v;
     v.name = name;
-    v.kind = kind;
     v.model = layout.model;
     v.tp = layout.tp;
     v.zero_stage = layout.zero_stage;
@@ -209,7 +208,7 @@ class Expander {
     }
     v.tp = v.config.tensor_parallel.autotp_size;  // overrides may have changed the layout
     v.zero_stage = v.config.zero.stage;
-    if (!is_baseline && kind == "train") {
+    if (!is_baseline) {
       const VariantSpec& b = spec_.variant(baseline);
       if (v.config.train_batch_size != b.config.train_batch_size)
         return fmt::format(
@@ -219,7 +218,7 @@ class Expander {
     }
     for (const auto& existing : spec_.variants) {
       if (existing.name == name) return fmt::format("the name '{}' is already used", name);
-      if (!is_baseline && kind == "train" && existing.is_baseline && existing.model == v.model &&
+      if (!is_baseline && existing.is_baseline && existing.model == v.model &&
           existing.config.to_json() == v.config.to_json())
         return fmt::format("same layout as baseline '{}'", existing.name);
     }
@@ -399,33 +398,51 @@ Baselines read_baselines(const Section& top, ScenarioSpec& s, Expander& expander
   return baselines;
 }
 
+// variants[index] of kind "simulate": the keys of a simulated layout (simulated_layout.h), the same
+// schema as a simulate-only scenario file; checked against its model and cluster before anything runs.
+void read_simulate_variant(const json& item, const std::string& where, ScenarioSpec& s) {
+  std::vector<std::string> keys = {"name", "kind"};
+  keys.insert(keys.end(), simulated_layout_keys().begin(), simulated_layout_keys().end());
+  Section o(item, where, s.file, keys, " in a kind \"simulate\" variant");
+  VariantSpec v;
+  v.name = o.required_string("name", "a unique name for the variant");
+  v.kind = "simulate";
+  for (const auto& existing : s.variants)
+    if (existing.name == v.name) o.fail("{} is \"{}\", a name already used", o.where("name"), v.name);
+  v.simulated = read_simulated_layout(o, SimulatedLayout{}, s.base_dir);
+  check_simulated_layout(o, where, v.simulated);
+  s.variants.push_back(std::move(v));
+}
+
 // variants[index]: unlike a sweep point, an explicit variant must run.
-void read_variant(const json& item, size_t index, ScenarioSpec& s, Expander& expander,
+void read_variant(const json& item, size_t index, const Section& top, ScenarioSpec& s, Expander& expander,
                   const Baselines& baselines) {
+  const std::string where = fmt::format("variants[{}]", index);
+  // The kind first: it decides which keys the variant may have.
+  std::string kind = "train";
+  if (item.is_object() && item.contains("kind")) {
+    const json& k = item["kind"];
+    if (!k.is_string()) top.fail("{}.kind must be a string, got {}", where, k.dump());
+    kind = k.get<std::string>();
+    if (kind != "train" && kind != "simulate") top.fail("{}.kind is \"{}\" (allowed: train, simulate)", where, kind);
+  }
+  if (kind == "simulate") return read_simulate_variant(item, where, s);
   auto keys = kLayoutKeys;
-  keys.insert(keys.end(), {"name", "kind", "simulate"});
-  Section o(item, fmt::format("variants[{}]", index), s.file, keys);
+  keys.insert(keys.end(), {"name", "kind"});
+  Section o(item, where, s.file, keys);
   std::string name = o.required_string("name", "a unique name for the variant");
-  std::string kind = o.string("kind", "train");
-  if (kind != "train" && kind != "simulate") o.fail("{} is \"{}\" (allowed: train, simulate)", o.where("kind"), kind);
   Layout l = parse_layout(o, baselines.layout, s.models);
   if (!o.has("model")) l.model = s.models.begin()->first;
-  std::string reason = expander.add(name, l, false, baselines.of_model.at(l.model), kind);
+  std::string reason = expander.add(name, l, false, baselines.of_model.at(l.model));
   if (!reason.empty())
     o.fail("variant '{}' ({}) cannot run on world {}: {}", name, layout_summary(l), s.world_size, reason);
-  if (kind == "simulate") {
-    VariantSpec& v = s.variants.back();
-    v.simulate_args = o.strings("simulate");
-    if (v.simulate_args.empty())
-      o.fail("{} is missing (the arguments of `autotp simulate` for a simulate variant)", o.where("simulate"));
-  }
 }
 
 void read_variants(const Section& top, ScenarioSpec& s, Expander& expander, const Baselines& baselines) {
   if (!top.has("variants")) return;
   if (!top.at("variants").is_array()) top.fail("variants must be an array of objects");
   size_t i = 0;
-  for (const auto& item : top.at("variants")) read_variant(item, i++, s, expander, baselines);
+  for (const auto& item : top.at("variants")) read_variant(item, i++, top, s, expander, baselines);
 }
 
 // sweep.exclude: layouts (with a "reason") whose matching sweep points are skipped.
@@ -549,6 +566,12 @@ json merged(json target, const json& patch) {
 }
 
 ScenarioSpec ScenarioSpec::from_json(const json& j, const std::string& file, const std::string& base_dir) {
+  if (j.is_object() && j.contains("simulate") && j["simulate"] == true) {
+    const std::string message = fmt::format(
+        "a simulate-only scenario (\"simulate\": true): run it with `autotp simulate --scenario {}`",
+        file.empty() ? "FILE" : file);
+    throw UserError(file.empty() ? message : file + ": " + message);
+  }
   Section top(j, "", file, kTopKeys);
   ScenarioSpec s;
   s.file = file;
@@ -595,7 +618,7 @@ void ScenarioSpec::select(const std::vector<std::string>& names) {
                        suggestion.empty() ? "" : fmt::format(" (did you mean '{}'?)", suggestion), fmt::join(all, ", "));
     }
     keep.insert(name);
-    keep.insert(variant(name).baseline);
+    if (!variant(name).baseline.empty()) keep.insert(variant(name).baseline);  // simulate variants have none
   }
   variants.erase(std::remove_if(variants.begin(), variants.end(),
                                 [&](const VariantSpec& v) { return !keep.count(v.name); }),

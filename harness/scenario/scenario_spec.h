@@ -5,7 +5,9 @@
 // validated by TrainConfig::from_json + resolve_batch and its tp size by
 // TpPlan::build, so a scenario that parses runs configs `autotp train` accepts.
 // Sweep combinations that cannot run are skipped with a reason; an explicit
-// variant that cannot run is an error. Plain values.
+// variant that cannot run is an error. A kind "simulate" variant is a simulated
+// layout (simulated_layout.h, the schema of simulate-only scenario files),
+// checked against its model and cluster. Plain values.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -17,6 +19,7 @@
 
 #include "autotp/arch/model_config.h"
 #include "autotp/runtime/train_config.h"
+#include "scenario/simulated_layout.h"
 
 namespace autotp::scenario {
 
@@ -31,10 +34,11 @@ struct ModelSpec {
   bool needs_dir() const { return !overrides.empty(); }
 };
 
-// One run of the scenario: a layout of the scenario's world.
+// One run of the scenario: a layout of the scenario's world (kind train), or a
+// simulated layout (kind simulate: only name, kind and `simulated` are set; no baseline).
 struct VariantSpec {
   std::string name;
-  std::string kind = "train";  // train: `autotp train` on world_size ranks; simulate: `autotp simulate ... --json`
+  std::string kind = "train";  // train: `autotp train` on world_size ranks; simulate: the simulator on `simulated`
   std::string model;           // ModelSpec key
   int tp = 1;
   int zero_stage = 3;
@@ -42,7 +46,7 @@ struct VariantSpec {
   int64_t micro_batch = 0;         // train_micro_batch_size_per_gpu; 0 = derived from the base config
   std::string recompute = "off";   // activation checkpointing: off | selective | full
   nlohmann::json overrides = nlohmann::json::object();  // merge patch on the variant's DeepSpeed config
-  std::vector<std::string> simulate_args;               // kind simulate: arguments after `autotp simulate`
+  SimulatedLayout simulated;                            // kind simulate: the layout (simulated_layout.h)
   bool is_baseline = false;
   std::string baseline;      // the baseline variant this one is compared with (its own name for a baseline)
   nlohmann::json ds_config;  // the DeepSpeed config `autotp train` gets

@@ -161,6 +161,10 @@ double Calibration::slowdown(int ranks) const {
   return 1 + (concurrency_slowdown - 1) * (ranks - 1) / (world - 1);
 }
 
+const char* dtype_label(torch::ScalarType t) {
+  return t == torch::kFloat32 ? "fp32" : t == torch::kBFloat16 ? "bf16" : "fp16";
+}
+
 std::string default_calibration_path() {
   const char* env = std::getenv("AUTOTP_CALIBRATION");
   return env && *env ? env : "reports/calibration/cpu-local.json";
@@ -184,6 +188,7 @@ json Calibration::to_json() const {
           {"cores", cores},
           {"model", model},
           {"device", device},
+          {"dtype", dtype},
           {"micro_batch", micro_batch},
           {"seq_len", seq_len},
           {"memory_bytes", memory_bytes},
@@ -216,6 +221,7 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
     c.cores = j.at("cores").get<int>();
     c.model = j.value("model", "");
     c.device = j.value("device", std::string("cpu"));
+    c.dtype = j.value("dtype", std::string("fp32"));
     c.micro_batch = j.value("micro_batch", int64_t{0});
     c.seq_len = j.value("seq_len", int64_t{0});
     c.memory_bytes = j.at("memory_bytes").get<int64_t>();
@@ -277,6 +283,7 @@ struct Session {
       : env(dist_env),
         options(calibration_options),
         on(torch::TensorOptions().device(calibration_options.device)),
+        compute(on.dtype(calibration_options.dtype)),
         measures(dist_env.rank == 0) {
     if (env.world_size > 1) {
       store = create_tcp_store(env);
@@ -340,7 +347,8 @@ struct Session {
 
   const DistEnv env;
   const CalibrationOptions& options;
-  const torch::TensorOptions on;  // where the measured tensors live
+  const torch::TensorOptions on;       // where the measured tensors live (fp32: collectives, optimizer)
+  const torch::TensorOptions compute;  // the same in the compute dtype (GEMMs, elementwise ops)
   // Compute costs are rank 0's, measured while the other ranks wait in from_rank0's broadcast.
   const bool measures;
   c10::intrusive_ptr<c10d::Store> store;
@@ -358,6 +366,7 @@ Calibration describe_machine(const DistEnv& env, const CalibrationOptions& optio
   cal.seq_len = options.seq_len;
   cal.memory_bytes = mem_total_bytes();
   cal.device = options.device.is_cuda() ? "cuda" : "cpu";
+  cal.dtype = dtype_label(options.dtype);
   return cal;
 }
 
@@ -384,7 +393,7 @@ std::vector<GemmShape> gemm_shapes(const Session& session, const ModelConfig& co
 
 // Rank 0's seconds at each shape (the others wait), and the fit over them.
 void measure_gemms(const Session& session, const ModelConfig& config, Calibration& cal) {
-  const auto& on = session.on;
+  const auto& on = session.compute;
   const std::vector<GemmShape> list = gemm_shapes(session, config);
   std::vector<double> gemm_times;
   StealWindow gemm_window;
@@ -409,13 +418,14 @@ void measure_gemms(const Session& session, const ModelConfig& config, Calibratio
 
 // Elementwise ops: forward, forward under autograd, forward + backward.
 void measure_elementwise(const Session& session, Calibration& cal) {
-  const auto& on = session.on;
+  const auto& on = session.compute;
+  const double element_size = static_cast<double>(c10::elementSize(session.options.dtype));
   const double seconds_per_point = session.options.seconds_per_point;
   const std::vector<int64_t> sizes = {256, 4096, 65536, 1 << 20};
   std::vector<double> bytes, fwd, fwd_grad, fb;
   StealWindow elementwise_window;
   for (int64_t n : sizes) {
-    bytes.push_back(3.0 * n * 4);
+    bytes.push_back(3.0 * n * element_size);
     if (!session.measures) {
       fwd.push_back(0), fwd_grad.push_back(0), fb.push_back(0);
       continue;
@@ -479,7 +489,7 @@ struct Tp1Step {
   Tp1Step(const ModelConfig& config, const CalibrationOptions& options)
       : plan(build_plan(config, 1)),
         shape(rank_shape(config, plan, 0)),
-        lm(config, plan, self, torch::kFloat32, options.device),
+        lm(config, plan, self, options.dtype, options.device),
         window(std::max(0.5, 10 * options.seconds_per_point)) {
     lm.init_random(1);
     ids = torch::randint(0, config.vocab_size, {options.micro_batch, options.seq_len}, torch::kLong);
@@ -617,7 +627,7 @@ void measure_collectives_in_step(const Session& session, const ModelConfig& conf
   RankShape shape = tp1.shape;
   if (model_tp > 1 && model_tp <= config.num_heads) {
     const TpPlan plan = build_plan(config, model_tp);
-    at_tp = std::make_unique<CausalLM>(config, plan, topo.dp(), torch::kFloat32, session.options.device);
+    at_tp = std::make_unique<CausalLM>(config, plan, topo.dp(), session.options.dtype, session.options.device);
     at_tp->init_random(1);
     shape = rank_shape(config, plan, topo.dp().rank());
   }
@@ -640,7 +650,7 @@ double measure_tp_step(const Session& session, const ModelConfig& config, Topolo
                        int concurrent_calls) {
   const CalibrationOptions& options = session.options;
   const TpPlan plan = build_plan(config, g);
-  CausalLM lm(config, plan, topo.tp(), torch::kFloat32, options.device);
+  CausalLM lm(config, plan, topo.tp(), options.dtype, options.device);
   lm.init_random(1);
   auto gen = at::detail::createCPUGenerator(1);
   auto ids = torch::randint(config.vocab_size, {options.micro_batch, options.seq_len}, gen, torch::kLong);
@@ -677,7 +687,7 @@ double fit_layer_overhead(const Session& session, const ModelConfig& config, con
   layout.gpus = 1;  // rank 0 alone: no slowdown
   layout.micro_batch = session.options.micro_batch;
   layout.seq_len = session.options.seq_len;
-  layout.dtype = torch::kFloat32;
+  layout.dtype = session.options.dtype;
   auto t = estimate_time(config, shape1, layout, cpu_local_cluster(cal, "calibration"));
   return std::max(0.0, (alone_step_s - t.gemm_s - t.elementwise_s) / config.num_layers);
 }
@@ -697,7 +707,7 @@ void fit_layer_overhead_by_tp(const Session& session, const ModelConfig& config,
     layout.tp = g;
     layout.micro_batch = session.options.micro_batch;
     layout.seq_len = session.options.seq_len;
-    layout.dtype = torch::kFloat32;
+    layout.dtype = session.options.dtype;
     // The slowest tp rank, as the simulator takes it (its tp_comm_s also holds the
     // per-step hash check and shared-slice reductions, a few small all-reduces).
     const TpPlan plan = build_plan(config, g);

@@ -62,6 +62,11 @@ struct Calibration {
   int cores = 1;
   std::string model;           // the model whose step shapes were measured
   std::string device = "cpu";  // "cpu" | "cuda": where the compute was timed (optional key; older files: cpu)
+  // The compute dtype of the timed GEMMs, elementwise ops and model steps ("fp32" |
+  // "bf16" | "fp16"; optional key, older files: fp32). A CPU with bf16 instructions
+  // runs bf16 GEMMs at twice the fp32 rate or more, so a layout is timed with a
+  // calibration of its own dtype (the simulator notes a mismatch).
+  std::string dtype = "fp32";
   int64_t micro_batch = 0, seq_len = 0;
   std::map<GemmShape, double> gemm_seconds;  // measured shapes
   LinearCost gemm_fit;                       // over every measured shape (other shapes)
@@ -106,6 +111,9 @@ struct Calibration {
 // Least-squares fit of seconds = latency + amount / rate (latency clamped >= 0).
 LinearCost fit_linear_cost(const std::vector<double>& amounts, const std::vector<double>& seconds);
 
+// "fp32" | "bf16" | "fp16": how the simulator names a compute dtype.
+const char* dtype_label(torch::ScalarType t);
+
 // Default calibration file: $AUTOTP_CALIBRATION, else reports/calibration/cpu-local.json.
 std::string default_calibration_path();
 
@@ -115,6 +123,7 @@ struct CalibrationOptions {
   int64_t seq_len = 64;
   double seconds_per_point = 0.05;  // minimum measuring time per shape / size
   torch::Device device = torch::kCPU;  // where the tensors live: a GPU calibration times the GPU's work
+  torch::ScalarType dtype = torch::kFloat32;  // compute dtype of the model's steps (collectives stay fp32)
 };
 
 // Runs on every rank of a launched world (collective: all ranks call it); returns the

@@ -59,6 +59,142 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   return p;
 }
 
+// Lengths (elements) of the ZeRO units the phases hold: the largest layer, the
+// embedding and the head (`head_use`: with the embedding when they are tied).
+struct UnitLengths {
+  int64_t max_layer = 0, embed = 0, head = 0, head_use = 0;
+};
+
+UnitLengths unit_lengths(const ModelConfig& config, const FlatLayout& flat) {
+  const ZeroUnits ids{config.num_layers};
+  auto unit = [&](int u) {
+    return u < static_cast<int>(flat.units.size()) ? flat.units[u].length : int64_t{0};
+  };
+  UnitLengths u;
+  for (int64_t l = 0; l < config.num_layers; ++l) u.max_layer = std::max(u.max_layer, unit(ids.layer(l)));
+  u.embed = unit(ZeroUnits::kEmbedding);
+  u.head = unit(ids.head());
+  u.head_use = u.head + (config.tie_word_embeddings ? u.embed : 0);
+  return u;
+}
+
+// One micro-batch's activations over the step: kept from the forward to the
+// backward, while one layer runs its backward, and at their highest point.
+struct ActivationLevels {
+  int64_t kept = 0, layer_peak = 0, peak = 0;
+  int64_t one_layer = 0;  // what one layer keeps (its input when recomputed)
+};
+
+ActivationLevels activation_levels(const ActivationParts& p, int64_t L, bool recompute) {
+  ActivationLevels v;
+  if (recompute) {
+    v.kept = p.layer_input * L + p.outer;
+    v.layer_peak = v.kept + p.recomputed + p.layer_backward;  // one layer recomputed in the backward
+  } else {
+    v.kept = p.per_layer * L + p.outer;
+    v.layer_peak = v.kept + p.layer_backward;
+  }
+  v.peak = std::max({v.kept + p.head_forward, v.kept + p.head_backward, v.layer_peak});
+  v.one_layer = recompute ? p.layer_input : p.per_layer;
+  return v;
+}
+
+// The forward / backward phase beyond the model states and the batch.
+struct ForwardBackwardMoments {
+  int64_t peak = 0;             // the largest moment
+  int64_t transient_grads = 0;  // the largest unit's reduction (stages 2-3)
+  int64_t gathered = 0;         // stage 3: gathered and prefetched units
+};
+
+// Forward / backward phase: the largest of the moments below, each what is
+// alive then besides the model states. Stage 3 holds the unit in use (gathered
+// straight into its buffer) and, with overlap_comm, the next use's units
+// prefetched; stages 2-3 reduce a unit when its backward ends, with
+// overlap_comm behind the next unit's backward (its bucket and reduced slice
+// in flight meanwhile; completed before the next bucket is filled).
+ForwardBackwardMoments forward_backward_moments(const ModelConfig& config, const SimLayout& layout,
+                                                const ActivationParts& p, const ActivationLevels& v,
+                                                const UnitLengths& u) {
+  const int dp = layout.dp();
+  const int stage = layout.zero_stage;
+  const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
+  const bool sharded = stage == 3 && dp > 1;
+  const bool reduces = stage >= 2;
+  const bool overlap = layout.overlap_comm && dp > 1;
+  auto held = [&](int64_t n) { return sharded ? a * n : 0; };
+  auto ahead = [&](int64_t n) { return sharded && overlap ? a * n : 0; };
+  auto in_flight = [&](int64_t n) { return reduces && overlap ? a * n + 4 * n / dp : 0; };
+  // A unit's reduction: its gradients, their contiguous copy (not for a
+  // one-tensor unit: its gradient is the bucket) and the reduced slice (fp32).
+  auto reduction = [&](int64_t n, bool one_tensor) {
+    return reduces ? (one_tensor ? 1 : 2) * a * n + 4 * n / dp : 0;
+  };
+  const bool embed_alone = config.family != ModelFamily::kGpt2;
+  const bool head_alone =
+      stage == 3 && config.family != ModelFamily::kGpt2 && layout.persistence_threshold > config.hidden_size;
+  const int64_t kept = v.kept, max_layer = u.max_layer, head = u.head;
+  // The head's backward prefetches the last layer; the last layer's forward the head.
+  const int64_t head_moment =
+      std::max(kept + p.head_forward, kept + p.head_backward + ahead(max_layer)) + held(u.head_use);
+  // In the first layer backward the head's reduction is in flight; in the later
+  // ones a layer's, with one layer's activations fewer.
+  const int64_t layer_moment = std::max(
+      {v.layer_peak + held(max_layer) + ahead(max_layer) + in_flight(config.tie_word_embeddings ? 0 : head),
+       v.layer_peak - v.one_layer + held(max_layer) + ahead(max_layer) + in_flight(max_layer),
+       kept + held(max_layer) + ahead(u.head_use)});
+  // A unit is released before its gradients are reduced, once its backward is
+  // done (a layer's own activations are gone by then).
+  const int64_t layer_reduce = kept - v.one_layer + reduction(max_layer, false) + ahead(max_layer);
+  // The head's backward has prefetched the last layer by the time its gradients are reduced.
+  const int64_t head_reduce =
+      config.tie_word_embeddings ? 0 : kept + reduction(head, head_alone) + ahead(max_layer);
+  const int64_t embed_reduce = p.outer + reduction(u.embed, embed_alone);  // the backward's end
+  ForwardBackwardMoments fb;
+  fb.peak = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce});
+  fb.transient_grads = reduces ? reduction(std::max({max_layer, head, u.embed}), false) : 0;
+  fb.gathered =
+      sharded ? a * std::max({max_layer, u.head_use, u.embed}) + ahead(std::max(max_layer, u.head_use)) : 0;
+  return fb;
+}
+
+// The optimizer phase beyond the model states and the batch.
+struct OptimizerMoments {
+  int64_t temporaries = 0;  // the norm's fp64 chunk or the update's fp32 chunk
+  int64_t unit_comm = 0;    // stages 1-2: one unit's gather or reduction buffers
+};
+
+// Optimizer phase: the norm's fp64 chunk, the update's fp32 chunk; stages 1-2
+// gather the updated partitions unit by unit (in place; through one bucket
+// buffer when a unit exceeds allgather_bucket_size), stage 1 first
+// reduce-scatters every unit, two at a time (their received slices; 16-bit
+// ones are summed in fp32 and converted).
+OptimizerMoments optimizer_moments(const SimLayout& layout, int64_t part, const UnitLengths& u,
+                                   bool accumulate32) {
+  const int dp = layout.dp();
+  const int stage = layout.zero_stage;
+  const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
+  const bool mixed = layout.dtype != torch::kFloat32;
+  const bool overlap = layout.overlap_comm && dp > 1;
+  const int64_t norm_temporaries = 8 * std::min(part, grad_norm_chunk(layout.cuda));
+  const int64_t update_temporaries = mixed ? 4 * std::min(part, kUpdateChunk) : 0;
+  const int64_t largest_unit = std::max({u.max_layer, u.head, u.embed});
+  const int64_t unit_slice = largest_unit / std::max(dp, 1);
+  const int64_t gather_columns =
+      std::clamp<int64_t>(std::max<int64_t>(1, layout.allgather_bucket_size) / std::max(dp, 1), 1,
+                          std::max<int64_t>(unit_slice, 1));
+  const int64_t gather_comm =
+      (stage == 1 || stage == 2) && dp > 1 && gather_columns < unit_slice ? a * dp * gather_columns : 0;
+  // Stage 1 reduces the accumulated gradients (fp32 with fp32 accumulation);
+  // 16-bit ones are summed in fp32 and converted; two in flight with overlap.
+  const int64_t grad_bytes = accumulate32 ? 4 : a;
+  const int64_t reduce_comm =
+      stage == 1 && dp > 1 ? (overlap ? 2 : 1) * grad_bytes * unit_slice + (grad_bytes < 4 ? 6 * unit_slice : 0) : 0;
+  OptimizerMoments o;
+  o.temporaries = std::max(norm_temporaries, update_temporaries);
+  o.unit_comm = std::max(gather_comm, reduce_comm);
+  return o;
+}
+
 }  // namespace
 
 nlohmann::json MemoryEstimate::to_json() const {
@@ -85,108 +221,30 @@ int64_t saved_activation_bytes(const ModelConfig& config, const RankShape& shape
 
 MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape, const SimLayout& layout) {
   MemoryEstimate m;
-  const int dp = layout.dp();
-  const int stage = layout.zero_stage;
-  const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
-  const bool mixed = layout.dtype != torch::kFloat32;
-  const bool accumulate32 = mixed && layout.gas > 1;
+  const bool accumulate32 = layout.dtype != torch::kFloat32 && layout.gas > 1;
   // The engine's flat layout: units cut over dp (flat_layout.h, zero_units.h).
-  const FlatLayout flat =
-      zero_layout(build_plan(config, layout.tp), shape.tp_rank, dp, stage, layout.persistence_threshold);
+  const FlatLayout flat = zero_layout(build_plan(config, layout.tp), shape.tp_rank, layout.dp(),
+                                      layout.zero_stage, layout.persistence_threshold);
   m.states = ZeroOptimizer::analytic_bytes(flat, layout.dtype, layout.optimizer, accumulate32);
-  const ZeroUnits ids{config.num_layers};
-  auto unit = [&](int u) { return u < static_cast<int>(flat.units.size()) ? flat.units[u].length : int64_t{0}; };
-  int64_t max_layer = 0;
-  for (int64_t l = 0; l < config.num_layers; ++l) max_layer = std::max(max_layer, unit(ids.layer(l)));
-  const int64_t embed = unit(ZeroUnits::kEmbedding), head = unit(ids.head());
-  const int64_t head_use = head + (config.tie_word_embeddings ? embed : 0);
+  const UnitLengths units = unit_lengths(config, flat);
 
   // Activations of one micro-batch at its highest point.
-  auto p = activation_parts(config, shape, layout);
-  const int64_t L = config.num_layers;
+  const ActivationParts p = activation_parts(config, shape, layout);
+  const ActivationLevels levels = activation_levels(p, config.num_layers, layout.recompute());
   const int64_t data = 2 * 8 * layout.micro_batch * layout.seq_len * layout.gas;  // input ids + labels
-  int64_t kept, layer_peak;
-  if (layout.recompute()) {
-    kept = p.layer_input * L + p.outer;
-    layer_peak = kept + p.recomputed + p.layer_backward;  // one layer recomputed in the backward
-  } else {
-    kept = p.per_layer * L + p.outer;
-    layer_peak = kept + p.layer_backward;
-  }
-  const int64_t activation_peak = std::max({kept + p.head_forward, kept + p.head_backward, layer_peak});
-  m.activations = activation_peak + data;
+  m.activations = levels.peak + data;
 
-  // Forward / backward phase: the largest of the moments below, each the model
-  // states + what is alive then. Stage 3 holds the unit in use (gathered
-  // straight into its buffer) and, with overlap_comm, the next use's units
-  // prefetched; stages 2-3 reduce a unit when its backward ends, with
-  // overlap_comm behind the next unit's backward (its bucket and reduced slice
-  // in flight meanwhile; completed before the next bucket is filled).
-  const bool sharded = stage == 3 && dp > 1;
-  const bool reduces = stage >= 2;
-  const bool overlap = layout.overlap_comm && dp > 1;
-  auto held = [&](int64_t n) { return sharded ? a * n : 0; };
-  auto ahead = [&](int64_t n) { return sharded && overlap ? a * n : 0; };
-  auto in_flight = [&](int64_t n) { return reduces && overlap ? a * n + 4 * n / dp : 0; };
-  // A unit's reduction: its gradients, their contiguous copy (not for a
-  // one-tensor unit: its gradient is the bucket) and the reduced slice (fp32).
-  auto reduction = [&](int64_t n, bool one_tensor) {
-    return reduces ? (one_tensor ? 1 : 2) * a * n + 4 * n / dp : 0;
-  };
-  const bool embed_alone = config.family != ModelFamily::kGpt2;
-  const bool head_alone =
-      stage == 3 && config.family != ModelFamily::kGpt2 && layout.persistence_threshold > config.hidden_size;
-  // The head's backward prefetches the last layer; the last layer's forward the head.
-  const int64_t head_moment = std::max(kept + p.head_forward, kept + p.head_backward + ahead(max_layer)) + held(head_use);
-  // In the first layer backward the head's reduction is in flight; in the later
-  // ones a layer's, with one layer's activations fewer.
-  const int64_t one_layer = layout.recompute() ? p.layer_input : p.per_layer;
-  const int64_t layer_moment =
-      std::max({layer_peak + held(max_layer) + ahead(max_layer) + in_flight(config.tie_word_embeddings ? 0 : head),
-                layer_peak - one_layer + held(max_layer) + ahead(max_layer) + in_flight(max_layer),
-                kept + held(max_layer) + ahead(head_use)});
-  // A unit is released before its gradients are reduced, once its backward is
-  // done (a layer's own activations are gone by then).
-  const int64_t layer_reduce = kept - one_layer + reduction(max_layer, false) + ahead(max_layer);
-  // The head's backward has prefetched the last layer by the time its gradients are reduced.
-  const int64_t head_reduce =
-      config.tie_word_embeddings ? 0 : kept + reduction(head, head_alone) + ahead(max_layer);
-  const int64_t embed_reduce = p.outer + reduction(embed, embed_alone);  // the backward's end
-  const int64_t fb = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce});
-  const int64_t transient_grads = reduces ? reduction(std::max({max_layer, head, embed}), false) : 0;
-  const int64_t gathered =
-      sharded ? a * std::max({max_layer, head_use, embed}) + ahead(std::max(max_layer, head_use)) : 0;
-  m.forward_backward_peak = m.states.total() + fb + data;
+  const ForwardBackwardMoments fb = forward_backward_moments(config, layout, p, levels, units);
+  m.forward_backward_peak = m.states.total() + fb.peak + data;
 
-  // Optimizer phase: the norm's fp64 chunk, the update's fp32 chunk; stages 1-2
-  // gather the updated partitions unit by unit (in place; through one bucket
-  // buffer when a unit exceeds allgather_bucket_size), stage 1 first
-  // reduce-scatters every unit, two at a time (their received slices; 16-bit
-  // ones are summed in fp32 and converted).
-  const int64_t part = flat.part;
-  const int64_t norm_temporaries = 8 * std::min(part, grad_norm_chunk(layout.cuda));
-  const int64_t update_temporaries = mixed ? 4 * std::min(part, kUpdateChunk) : 0;
-  const int64_t largest_unit = std::max({max_layer, head, embed});
-  const int64_t unit_slice = largest_unit / std::max(dp, 1);
-  const int64_t gather_columns =
-      std::clamp<int64_t>(std::max<int64_t>(1, layout.allgather_bucket_size) / std::max(dp, 1), 1,
-                          std::max<int64_t>(unit_slice, 1));
-  const int64_t gather_comm =
-      (stage == 1 || stage == 2) && dp > 1 && gather_columns < unit_slice ? a * dp * gather_columns : 0;
-  // Stage 1 reduces the accumulated gradients (fp32 with fp32 accumulation);
-  // 16-bit ones are summed in fp32 and converted; two in flight with overlap.
-  const int64_t grad_bytes = accumulate32 ? 4 : a;
-  const int64_t reduce_comm =
-      stage == 1 && dp > 1 ? (overlap ? 2 : 1) * grad_bytes * unit_slice + (grad_bytes < 4 ? 6 * unit_slice : 0) : 0;
-  const int64_t unit_comm = std::max(gather_comm, reduce_comm);
+  const OptimizerMoments optimizer = optimizer_moments(layout, flat.part, units, accumulate32);
   const int64_t base = m.states.total() + data;
-  const int64_t temporaries = std::max(norm_temporaries, update_temporaries);
-  m.optimizer_peak = base + std::max(temporaries, unit_comm);
+  m.optimizer_peak = base + std::max(optimizer.temporaries, optimizer.unit_comm);
 
   // Each kind is its largest amount during the step; the total is the peak of their sum.
-  m.transient_grads = transient_grads;
-  m.comm_buffers = std::max(gathered, unit_comm);
-  m.optimizer_temporaries = temporaries;
+  m.transient_grads = fb.transient_grads;
+  m.comm_buffers = std::max(fb.gathered, optimizer.unit_comm);
+  m.optimizer_temporaries = optimizer.temporaries;
   m.total = std::max(m.forward_backward_peak, m.optimizer_peak);
   m.peak_phase = m.forward_backward_peak >= m.optimizer_peak ? "forward_backward" : "optimizer";
   return m;

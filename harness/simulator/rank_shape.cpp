@@ -1,9 +1,7 @@
 #include "simulator/rank_shape.h"
 
-#include <regex>
-
+#include "autotp/arch/layer_names.h"
 #include "autotp/model/causal_lm.h"
-#include "autotp/zero/zero_units.h"
 
 namespace autotp::sim {
 
@@ -20,7 +18,6 @@ TpPlan build_plan(const ModelConfig& config, int tp) {
 }
 
 RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank) {
-  static const std::regex layer_name(R"(\.(layers|h)\.([0-9]+)\.(.*)\.weight$)");
   RankShape s;
   s.tp = plan.tp_size();
   s.tp_rank = tp_rank;
@@ -29,13 +26,18 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
   s.head_dim = config.head_dim;
   s.layer_numel.assign(config.num_layers, 0);
   s.layer_ranges.assign(config.num_layers, FlatRange{-1, -1});
+  s.tp_step = tp_step_shape(plan, config.num_layers);
+  s.shared_numel = s.tp_step.shared_numel;
+  auto ends_with = [](const std::string& text, const std::string& suffix) {
+    return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
   for (const auto& e : plan.entries()) {
     const int64_t n = e.spec.local_numel(tp_rank);
     const FlatRange range{s.local_numel, s.local_numel + n};
     s.local_numel += n;
     ++s.tensors;
-    std::smatch match;
-    if (const int64_t layer = decoder_layer_of(e.desc.name); layer >= 0) {  // the ZeRO units' rule
+    const DecoderLayerName in_layer = decoder_layer_name(e.desc.name);
+    if (const int64_t layer = in_layer.layer; layer >= 0) {
       s.layer_numel[layer] += n;
       FlatRange& span = s.layer_ranges[layer];  // first member's start to last member's end, as ZeRO-3 gathers
       if (span.begin < 0) span.begin = range.begin;
@@ -45,32 +47,25 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
       ++s.outer_tensors;
       s.outer_ranges.push_back(range);
     }
-    if (e.spec.has_overlap()) {
-      int64_t global = 1;
-      for (int64_t d : e.desc.shape) global *= d;
-      s.shared_numel.push_back(global);
-    }
     if (e.desc.kind == ParamKind::kEmbedding || e.desc.kind == ParamKind::kLmHead) {
       if (e.role == TpRole::kVocab) s.vocab_split = true;
       if (e.desc.kind == ParamKind::kLmHead || config.tie_word_embeddings) s.local_vocab = e.spec.local_extent(tp_rank);
     }
     const bool linear = e.desc.kind == ParamKind::kLinear || e.desc.kind == ParamKind::kConv1D;
-    if (linear && std::regex_search(e.desc.name, match, layer_name) && match[2].str() == "0") {
+    const std::string& within = in_layer.within;  // e.g. "self_attn.q_proj.weight"
+    if (linear && in_layer.layer == 0 && ends_with(within, ".weight")) {
       auto shape = e.spec.local_shape(tp_rank);
       LocalLinear l;
-      l.name = match[3].str();
+      l.name = within.substr(0, within.size() - std::string(".weight").size());
       l.in = shape[e.desc.in_dim()];
       l.out = shape[e.desc.out_dim()];
       l.row = e.role == TpRole::kRow;
       s.layer_linears.push_back(l);
       const std::string& name = e.desc.name;
-      auto ends_with = [&](const std::string& suffix) {
-        return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-      };
-      if (ends_with("q_proj.weight") || ends_with("c_attn.weight"))
+      if (ends_with(name, "q_proj.weight") || ends_with(name, "c_attn.weight"))
         s.local_heads = local_heads(config, e.spec, tp_rank).count;
-      if (ends_with("k_proj.weight")) s.local_kv_heads = l.out / config.head_dim;
-      if (ends_with("gate_proj.weight") || ends_with("c_fc.weight")) s.local_intermediate = l.out;
+      if (ends_with(name, "k_proj.weight")) s.local_kv_heads = l.out / config.head_dim;
+      if (ends_with(name, "gate_proj.weight") || ends_with(name, "c_fc.weight")) s.local_intermediate = l.out;
     }
   }
   if (s.gpt2) s.local_kv_heads = s.local_heads;

@@ -10,6 +10,7 @@
 
 #include "autotp/arch/model_config.h"
 #include "autotp/tp/tp_plan.h"
+#include "autotp/tp/tp_traffic.h"
 
 namespace autotp::sim {
 
@@ -36,7 +37,8 @@ struct RankShape {
   int64_t local_heads = 0, local_kv_heads = 0, local_intermediate = 0, local_vocab = 0;
   bool vocab_split = false;               // embedding / LM head vocab-parallel
   bool gpt2 = false;
-  std::vector<int64_t> shared_numel;      // global numel of each parameter with kv slices shared over tp
+  std::vector<int64_t> shared_numel;      // global numel of each parameter with kv slices shared over tp (tp_step's)
+  TpStepShape tp_step;                    // the plan's part of the step's tp collectives (tp/tp_traffic.h)
   std::vector<FlatRange> layer_ranges;    // per decoder layer: what one ZeRO-3 layer gather fetches
   std::vector<FlatRange> outer_ranges;    // per parameter outside the layers (gathered one by one)
 

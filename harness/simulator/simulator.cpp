@@ -8,14 +8,6 @@
 #include "autotp/base/error.h"
 
 namespace autotp::sim {
-namespace {
-
-const char* dtype_label(torch::ScalarType t) {
-  return t == torch::kFloat32 ? "fp32" : t == torch::kBFloat16 ? "bf16" : "fp16";
-}
-
-}  // namespace
-
 std::string format_bytes(double bytes) {
   const double gib = 1024.0 * 1024 * 1024;
   if (bytes >= gib) return fmt::format("{:.2f} GiB", bytes / gib);
@@ -107,6 +99,11 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
   if (cluster.calibration && cluster.calibration->world != layout.gpus)
     r.notes.push_back(fmt::format("cpu-local was calibrated with {} ranks, this layout has {}: contention differs",
                                   cluster.calibration->world, layout.gpus));
+  if (cluster.calibration && cluster.calibration->dtype != dtype_label(layout.dtype))
+    r.notes.push_back(fmt::format("cpu-local was calibrated in {}, this layout computes in {}: its compute times are "
+                                  "the {} ones (calibrate with --dtype {})",
+                                  cluster.calibration->dtype, dtype_label(layout.dtype), cluster.calibration->dtype,
+                                  dtype_label(layout.dtype)));
   if (!r.fits)
     r.notes.push_back(fmt::format("does not fit: peak {} > usable {} per GPU", format_bytes(r.memory.total),
                                   format_bytes(r.usable_bytes)));

@@ -1,5 +1,6 @@
 #include "simulator/time_model.h"
 
+#include "autotp/tp/tp_traffic.h"
 #include "autotp/zero/zero_traffic.h"
 #include "autotp/zero/zero_units.h"
 
@@ -242,37 +243,34 @@ void add_compute(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   t.compute_s = t.gemm_s + t.elementwise_s + t.optimizer_s;
 }
 
-// Tensor-parallel communication (per micro-batch), activation bytes per collective.
+// Tensor-parallel communication: the engine's own list of the step's tp
+// collectives (tp_step_collectives, tp/tp_traffic.h), every one an all-reduce,
+// priced by the cluster's collective model.
 void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
                  const ClusterSpec& c) {
   const int tp = l.tp;
   if (tp <= 1) return;
   const GroupScope tp_scope = tp <= c.gpus_per_node && c.gpus_per_node % tp == 0 ? GroupScope::kIntraNode
                                                                                  : GroupScope::kInterNode;
-  const double gas = static_cast<double>(l.gas), L = static_cast<double>(config.num_layers);
-  const int64_t BT = l.micro_batch * l.seq_len;
-  const double BTH = static_cast<double>(BT) * s.hidden;
-  const double act_bytes = BTH * (c.reduce_16bit_as_fp32 ? 4 : element_bytes(l));
-  double rows = 0, blocks = 0;
-  for (const auto& lin : s.layer_linears) rows += lin.row ? 1 : 0;
-  blocks = rows;  // every block has one row-parallel exit and one column-parallel entry
-  const double per_layer = rows + blocks + (l.recompute() ? rows : 0);
-  double calls = L * per_layer + (s.vocab_split ? 2 : 0);  // + embedding (fwd), LM head input (bwd)
-  double seconds = calls * collective_seconds(c, CollectiveOp::kAllReduce, act_bytes, tp, tp_scope);
-  if (s.vocab_split) {  // cross-entropy: max, then (sum-exp, target logit)
-    seconds += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * BT, tp, tp_scope) +
-               collective_seconds(c, CollectiveOp::kAllReduce, 8.0 * BT, tp, tp_scope);
-    calls += 2;
+  TpStepShape ts = s.tp_step;  // the plan's part: row-parallel linears, vocab splits, shared slices
+  ts.tp_size = tp;
+  ts.recompute.assign(config.num_layers, l.recompute());
+  ts.tokens = l.micro_batch * l.seq_len;
+  ts.hidden = s.hidden;
+  ts.zero_stage = l.zero_stage;
+  ts.element_bytes = element_bytes(l);
+  ts.fp32_accumulation = l.dtype != torch::kFloat32 && l.gas > 1;  // as zero_step_shape
+  ts.reduce_16bit_as_fp32 = c.reduce_16bit_as_fp32;               // Gloo reduces bf16 as fp32
+  double micro_batch_s = 0, step_s = 0;
+  int64_t micro_batch_calls = 0, step_calls = 0;
+  for (const auto& x : tp_step_collectives(ts)) {
+    const double seconds = static_cast<double>(x.calls) *
+        collective_seconds(c, CollectiveOp::kAllReduce, static_cast<double>(x.bytes) / x.calls, tp, tp_scope);
+    (x.per_micro_batch ? micro_batch_s : step_s) += seconds;
+    (x.per_micro_batch ? micro_batch_calls : step_calls) += x.calls;
   }
-  t.tp_comm_s = gas * seconds;
-  t.tp_collectives = static_cast<int64_t>(gas * calls);
-  // Per step: the data-consistency hash, and the gradients of kv slices shared by tp ranks.
-  t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 16, tp, tp_scope);
-  t.tp_collectives += 1;
-  for (int64_t n : s.shared_numel) {
-    t.tp_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 4.0 * n, tp, tp_scope);
-    t.tp_collectives += 1;
-  }
+  t.tp_comm_s = static_cast<double>(l.gas) * micro_batch_s + step_s;
+  t.tp_collectives = l.gas * micro_batch_calls + step_calls;
 }
 
 // ZeRO collective seconds by the compute they run beside: what overlap_comm can hide.

@@ -84,7 +84,18 @@ class Trainer {
   void restore(const TrainerState& state);
 
  private:
+  // The parts of train_step. check_tp_consistency throws when the ranks of a tp group got different batches.
   void check_tp_consistency(const std::vector<Batch>& micro_batches);
+  // {target tokens of the whole global batch, 0} in float64: this rank's micro-batches summed over dp.
+  torch::Tensor global_target_tokens(const std::vector<Batch>& micro_batches);
+  // Forward and backward of every micro-batch; returns this rank's summed token losses.
+  double forward_backward(const std::vector<Batch>& micro_batches, double total_tokens);
+  // The memory fields of `m` after the step; `at_start`: bytes allocated when it began.
+  void record_memory(StepMetrics& m, const torch::Device& device, int64_t at_start) const;
+  // Host seconds blocked in collectives so far (tp, dp, world), and the seconds
+  // started collectives ran on the groups' lanes: a step reports their differences.
+  double comm_seconds() const;
+  double async_comm_seconds() const;
 
   TrainConfig config_;
   std::shared_ptr<Topology> topology_;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "autotp/arch/layer_names.h"  // decoder_layer_of: which unit a parameter's layer is
 #include "autotp/tp/tp_plan.h"
 #include "autotp/zero/flat_layout.h"
 
@@ -26,9 +27,6 @@ struct ZeroUnits {
   int persistent() const { return static_cast<int>(num_layers + 2); }
   int count() const { return static_cast<int>(num_layers + 3); }
 };
-
-// The decoder layer a parameter name belongs to ("model.layers.3.", "transformer.h.3."), or -1.
-int64_t decoder_layer_of(const std::string& name);
 
 // Unit id of every plan entry, in plan order.
 std::vector<int> zero_unit_ids(const TpPlan& plan, int stage, int64_t persistence_threshold);
