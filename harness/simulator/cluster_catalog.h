@@ -32,8 +32,8 @@ struct ClusterSpec {
   double kernel_latency_s = 0;    // per op (launch / dispatch)
   LinkSpec intra_node;            // NVLink / NVSwitch
   LinkSpec inter_node;            // per-GPU NIC (InfiniBand)
-  bool native_reduce_scatter = true;  // NCCL has it; LibTorch 1.13 Gloo does not (all-reduce instead)
-  bool reduce_16bit_as_fp32 = false;  // Gloo reduces bf16 as fp32 (Comm converts)
+  bool native_reduce_scatter = true;  // a reduce-scatter costs (n-1)/n of the bytes, not an all-reduce's 2(n-1)/n
+  bool reduce_16bit_as_fp32 = false;  // all-reduces of 16-bit tensors move fp32 (the engine's CPU transports)
   std::optional<Calibration> calibration;  // cpu-local only
   // cpu-local: the share of the CPU time the ranks want that the host takes
   // (/proc/stat steal) during the predicted run; every time is / (1 - it).

@@ -124,15 +124,14 @@ nlohmann::json TimeEstimate::to_json() const {
 double collective_seconds(const ClusterSpec& c, CollectiveOp op, double bytes, int group, GroupScope scope) {
   if (group <= 1) return 0;
   if (c.calibration) {
-    // Gloo in LibTorch 1.13 has no reduce-scatter: the engine all-reduces instead.
+    // Calibrated: all-reduce and all-gather. A reduce-scatter is the all-reduce's
+    // first half (each rank sums only its slice): its bytes term scaled by
+    // (n-1)/n over 2(n-1)/n.
     const auto& table = op == CollectiveOp::kAllGather ? c.calibration->all_gather : c.calibration->all_reduce;
     const CollectiveOp measured = op == CollectiveOp::kAllGather ? CollectiveOp::kAllGather : CollectiveOp::kAllReduce;
     int n = 0;
     const LinearCost* cost = nearest(table, group, &n);
-    if (cost) {
-      if (n == group) return cost->seconds(bytes);
-      return cost->latency_s + (bytes / cost->rate) * factor(measured, group) / factor(measured, n);
-    }
+    if (cost) return cost->latency_s + (bytes / cost->rate) * factor(op, group) / factor(measured, n);
   }
   const LinkSpec& link = scope == GroupScope::kInterNode ? c.inter_node : c.intra_node;
   return link.latency_s + factor(op, group) * bytes / link.bus_bytes_per_s;
@@ -313,7 +312,13 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
                         : z.op == ZeroCollective::Op::kAllReduce ? CollectiveOp::kAllReduce
                         : c.native_reduce_scatter                ? CollectiveOp::kReduceScatter
                                                                  : CollectiveOp::kAllReduce;
-      const double seconds = z.calls * collective_seconds(c, op, static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
+      // An all-reduce of 16-bit gradients moves fp32 where the backend sums in fp32.
+      const double widen = op == CollectiveOp::kAllReduce && c.reduce_16bit_as_fp32 && zs.element_bytes == 2 &&
+                                   !(zs.fp32_accumulation && stage <= 1)
+                               ? 2.0
+                               : 1.0;
+      const double seconds =
+          z.calls * collective_seconds(c, op, widen * static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
       zero += seconds + z.calls * (z.layer_gather ? between_layers : 0);
       if (z.behind == ZeroCollective::Behind::kForward) hide.behind_forward += seconds;
       if (z.behind == ZeroCollective::Behind::kBackward) hide.behind_backward += seconds;
