@@ -79,16 +79,25 @@ INSTANTIATE_TEST_SUITE_P(
                                    {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
                                     {"mscale", 0.707}, {"mscale_all_dim", 1.0}, {"truncate", false}}}}},
                       LogitsCase{"mistral", "mistral-tiny", json::object()},
+                      LogitsCase{"mistral_sliding_window", "mistral-tiny", {{"sliding_window", 4}}},
+                      LogitsCase{"qwen2_sliding_from_layer_1", "qwen2-tiny",
+                                 {{"use_sliding_window", true}, {"sliding_window", 3}, {"max_window_layers", 1}}},
+                      LogitsCase{"qwen2_layer_types", "qwen2-tiny",
+                                 {{"use_sliding_window", true},
+                                  {"sliding_window", 5},
+                                  {"layer_types", {"sliding_attention", "full_attention"}}}},
                       LogitsCase{"qwen2_qkv_bias", "qwen2-tiny", json::object()},
                       LogitsCase{"gpt2", "gpt2-tiny", json::object()}),
     [](const auto& info) { return info.param.name; });
 
 // The fused attention (scaled_dot_product_attention) against the eager form, values
 // and the gradients of q, k and v, for the kv layouts the engine produces: one kv
-// head per query head, grouped (GQA), and an uneven tp shard's mapping.
+// head per query head, grouped (GQA), and an uneven tp shard's mapping; with and
+// without a sliding window.
 TEST(Attention, FusedMatchesEagerValuesAndGradients) {
   const std::vector<std::pair<int64_t, std::vector<int64_t>>> layouts = {
       {4, {0, 1, 2, 3}}, {2, {0, 0, 1, 1}}, {2, {0, 1, 1}}};
+  for (int64_t window : {0, 2, 5})  // (a window of 1 reads only itself: q and k get no gradient)
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
     for (const auto& [kv_heads, kv_index] : layouts) {
@@ -98,16 +107,17 @@ TEST(Attention, FusedMatchesEagerValuesAndGradients) {
       auto k = torch::randn({B, kv_heads, T, D}).to(dtype).requires_grad_(true);
       auto v = torch::randn({B, kv_heads, T, D}).to(dtype).requires_grad_(true);
       auto weights = torch::randn({B, T, H * D});
-      auto fused = causal_attention(q, k, v, kv_index, 0.25);
+      auto fused = causal_attention(q, k, v, kv_index, 0.25, window);
       auto fused_grads = torch::autograd::grad({(fused.to(torch::kFloat32) * weights).sum()}, {q, k, v});
-      auto eager = causal_attention_eager(q, k, v, kv_index, 0.25);
+      auto eager = causal_attention_eager(q, k, v, kv_index, 0.25, window);
       auto eager_grads = torch::autograd::grad({(eager.to(torch::kFloat32) * weights).sum()}, {q, k, v});
       auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
         return (a.to(torch::kFloat32) - b.to(torch::kFloat32)).abs().max().item<double>() /
                b.to(torch::kFloat32).abs().max().item<double>();
       };
       const std::string where = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + " kv heads " +
-                                std::to_string(kv_heads) + " for " + std::to_string(H) + " query heads";
+                                std::to_string(kv_heads) + " for " + std::to_string(H) + " query heads, window " +
+                                std::to_string(window);
       EXPECT_EQ(fused.sizes(), eager.sizes()) << where;
       EXPECT_LT(rel(fused, eager), tolerance) << where;
       for (int i = 0; i < 3; ++i) EXPECT_LT(rel(fused_grads[i], eager_grads[i]), tolerance) << where << " grad " << i;

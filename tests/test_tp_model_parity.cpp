@@ -98,6 +98,14 @@ std::vector<ParityCase> parity_cases() {
   cases.push_back({"qwen2_bias_tp3", "qwen2-tiny", json::object(), 3});
   cases.push_back({"llama_biases_tp3", "llama-tiny", {{"attention_bias", true}, {"mlp_bias", true}}, 3});
   cases.push_back({"mistral_tp4", "mistral-tiny", json::object(), 4});
+  // Sliding windows shorter than the sequences, on every layer (Mistral) and on
+  // some (Qwen2, layer_types), with kv heads split unevenly.
+  cases.push_back({"mistral_sliding_window_tp3", "mistral-tiny", {{"sliding_window", 3}}, 3});
+  cases.push_back({"qwen2_sliding_layers_tp3", "qwen2-tiny",
+                   {{"use_sliding_window", true},
+                    {"sliding_window", 4},
+                    {"layer_types", {"full_attention", "sliding_attention"}}},
+                   3});
   return cases;
 }
 

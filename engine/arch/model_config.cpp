@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "autotp/base/error.h"
@@ -31,6 +32,34 @@ void reject_if_set(const json& j, const char* key, const std::string& source, co
     throw_user_error("{}: '{}' is not supported by autotp ({})", source, key, why);
 }
 
+// Which layers attend through a sliding window, as HF's Mistral and Qwen2 configs say.
+void parse_sliding_window(const json& j, const std::string& source, ModelConfig& c) {
+  const bool mistral = c.architecture == "MistralForCausalLM", qwen2 = c.architecture == "Qwen2ForCausalLM";
+  if (!mistral && !qwen2) return;  // HF's Llama has no sliding window
+  if (qwen2 && !get_or<bool>(j, "use_sliding_window", false)) return;  // Qwen2Config drops the window then
+  if (!j.contains("sliding_window") || j["sliding_window"].is_null()) return;
+  AUTOTP_USER_CHECK(j["sliding_window"].is_number_integer() && j["sliding_window"].get<int64_t>() > 0,
+                    "{}: sliding_window must be a positive integer or null, got {}", source,
+                    j["sliding_window"].dump());
+  const int64_t window = j["sliding_window"].get<int64_t>();
+  c.layer_sliding_window.assign(c.num_layers, mistral ? window : 0);
+  if (mistral) return;
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& types = j["layer_types"];
+    AUTOTP_USER_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers,
+                      "{}: layer_types must list num_hidden_layers ({}) entries", source, c.num_layers);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string type = types[l].is_string() ? types[l].get<std::string>() : types[l].dump();
+      AUTOTP_USER_CHECK(type == "sliding_attention" || type == "full_attention",
+                        "{}: layer_types[{}] is '{}' (allowed: sliding_attention, full_attention)", source, l, type);
+      if (type == "sliding_attention") c.layer_sliding_window[l] = window;
+    }
+    return;
+  }
+  const int64_t first = get_or<int64_t>(j, "max_window_layers", 28);  // Qwen2Config's default
+  for (int64_t l = std::max<int64_t>(first, 0); l < c.num_layers; ++l) c.layer_sliding_window[l] = window;
+}
+
 void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   c.vocab_size = require_int(j, "vocab_size", source);
   c.hidden_size = require_int(j, "hidden_size", source);
@@ -58,7 +87,6 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   c.rope_scaling = RopeScaling::from_json(j.value("rope_scaling", json()), source);
   bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   if (qwen2) {
-    reject_if_set(j, "use_sliding_window", source, "sliding-window attention is not implemented");
     c.qkv_bias = true;
     c.o_bias = false;
   } else if (c.architecture == "MistralForCausalLM") {
@@ -68,14 +96,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   }
   c.mlp_bias = c.architecture == "LlamaForCausalLM" && get_or<bool>(j, "mlp_bias", false);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
-  if (c.architecture == "MistralForCausalLM" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    // A window at least as long as any sequence we can run changes nothing; shorter ones would.
-    int64_t window = j["sliding_window"].get<int64_t>();
-    AUTOTP_USER_CHECK(window >= c.max_positions,
-                      "{}: sliding_window {} < max_position_embeddings {} is not supported "
-                      "(sliding-window attention is not implemented)",
-                      source, window, c.max_positions);
-  }
+  parse_sliding_window(j, source, c);
   float pretraining_tp = get_or<float>(j, "pretraining_tp", 1.0f);
   AUTOTP_USER_CHECK(pretraining_tp == 1.0f, "{}: pretraining_tp {} is not supported (allowed: 1)", source,
                     pretraining_tp);

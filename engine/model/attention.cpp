@@ -6,18 +6,32 @@
 namespace autotp {
 namespace {
 
-// [T, T]: 0 on and below the diagonal, -inf above (future positions). Built
-// once per length, dtype and device per thread: every layer of every step reuses it.
-const torch::Tensor& causal_bias(int64_t T, torch::ScalarType dtype, const torch::Device& device) {
-  thread_local std::map<std::tuple<int64_t, int, std::string>, torch::Tensor> cache;
-  auto& bias = cache[{T, static_cast<int>(dtype), device.str()}];
+// [T, T]: 0 where query i reads key j (j <= i, and i - j < window when the
+// window is shorter than T), -inf elsewhere. Built once per length, window, dtype
+// and device per thread: every layer of every step reuses it.
+const torch::Tensor& causal_bias(int64_t T, int64_t window, torch::ScalarType dtype, const torch::Device& device) {
+  thread_local std::map<std::tuple<int64_t, int64_t, int, std::string>, torch::Tensor> cache;
+  const int64_t w = window > 0 && window < T ? window : 0;
+  auto& bias = cache[{T, w, static_cast<int>(dtype), device.str()}];
   if (!bias.defined()) {
     torch::NoGradGuard no_grad;
-    bias = torch::full({T, T}, -std::numeric_limits<float>::infinity(),
-                       torch::TensorOptions().dtype(dtype).device(device))
-               .triu(1);
+    const auto options = torch::TensorOptions().dtype(dtype).device(device);
+    bias = torch::full({T, T}, -std::numeric_limits<float>::infinity(), options).triu(1);
+    if (w > 0) bias = bias + torch::full({T, T}, -std::numeric_limits<float>::infinity(), options).tril(-w);
   }
   return bias;
+}
+
+// [T, T] booleans, true where query i reads key j (SDPA's attn_mask).
+const torch::Tensor& window_mask(int64_t T, int64_t window, const torch::Device& device) {
+  thread_local std::map<std::tuple<int64_t, int64_t, std::string>, torch::Tensor> cache;
+  auto& mask = cache[{T, window, device.str()}];
+  if (!mask.defined()) {
+    torch::NoGradGuard no_grad;
+    auto ones = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(device));
+    mask = ones.tril(0).logical_and(ones.triu(-(window - 1)));
+  }
+  return mask;
 }
 
 bool is_identity(const std::vector<int64_t>& kv_index, int64_t kv_heads) {
@@ -45,7 +59,7 @@ torch::Tensor select_heads(const torch::Tensor& t, const std::vector<int64_t>& k
 }  // namespace
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const std::vector<int64_t>& kv_index, double scale) {
+                               const std::vector<int64_t>& kv_index, double scale, int64_t window) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   torch::Tensor k_sel = k, v_sel = v;
   bool gqa = false;
@@ -55,20 +69,23 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
     gqa = q.is_cuda() && is_grouped(kv_index, k.size(1));
     if (!gqa) k_sel = select_heads(k, kv_index), v_sel = select_heads(v, kv_index);
   }
-  auto out = at::scaled_dot_product_attention(q, k_sel, v_sel, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                              /*is_causal=*/true, scale, gqa);
+  const bool windowed = window > 0 && window < T;
+  auto out = windowed ? at::scaled_dot_product_attention(q, k_sel, v_sel, window_mask(T, window, q.device()),
+                                                         /*dropout_p=*/0.0, /*is_causal=*/false, scale, gqa)
+                      : at::scaled_dot_product_attention(q, k_sel, v_sel, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                         /*is_causal=*/true, scale, gqa);
   return out.transpose(1, 2).reshape({B, T, H * D});
 }
 
 torch::Tensor causal_attention_eager(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                     const std::vector<int64_t>& kv_index, double scale) {
+                                     const std::vector<int64_t>& kv_index, double scale, int64_t window) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   torch::Tensor k_sel = k, v_sel = v;
   if (!is_identity(kv_index, k.size(1))) k_sel = select_heads(k, kv_index), v_sel = select_heads(v, kv_index);
   // One batched GEMM gives scale * q k^T with the mask already added (no
   // separate scaling and masking passes over the [T, T] scores, forward or backward).
   auto q3 = q.reshape({B * H, T, D}), k3 = k_sel.reshape({B * H, T, D}), v3 = v_sel.reshape({B * H, T, D});
-  auto scores = at::baddbmm(causal_bias(T, q.scalar_type(), q.device()).expand({B * H, T, T}), q3,
+  auto scores = at::baddbmm(causal_bias(T, window, q.scalar_type(), q.device()).expand({B * H, T, T}), q3,
                             k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
   auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   auto out = torch::bmm(probs, v3).view({B, H, T, D});

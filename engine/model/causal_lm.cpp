@@ -304,13 +304,14 @@ torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x
 }
 
 torch::Tensor CausalLM::attention(const std::string& q_param, const torch::Tensor& q, const torch::Tensor& k,
-                                  const torch::Tensor& v) {
+                                  const torch::Tensor& v, int64_t window) {
   // q: [B, Hq, T, D]; k, v: [B, Hkv_local, T, D]
   auto heads = local_heads(config_, find(q_param)->spec(), tp_.rank());
   const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
   auto core = std::make_shared<RecomputedAttention::Core>(
-      [kv_index = heads.kv_index, scale](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-        return causal_attention(q, k, v, kv_index, scale);
+      [kv_index = heads.kv_index, scale, window](const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& v) {
+        return causal_attention(q, k, v, kv_index, scale, window);
       });
   if (!selective_recompute_ || !torch::GradMode::is_enabled() || !q.requires_grad()) return (*core)(q, k, v);
   backward_state_.push_back(core);
@@ -329,7 +330,7 @@ torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const
   auto v = linear(p + "self_attn.v_proj", h).view({B, T, -1, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  auto attn = attention(p + "self_attn.q_proj.weight", q, k, v);
+  auto attn = attention(p + "self_attn.q_proj.weight", q, k, v, config_.sliding_window_of(layer));
   auto out = x + linear(p + "self_attn.o_proj", attn);
 
   h = rms_norm(out, tensor(p + "post_attention_layernorm.weight"), config_.norm_eps);

@@ -196,7 +196,7 @@ struct LlamaSpec {
   int64_t max_positions = 2048;
   json rope_scaling;  // null: plain rotary
   bool qkv_bias = false, o_bias = false, mlp_bias = false, tie = false;
-  std::optional<int64_t> sliding_window;  // Mistral only: sequences longer than this are refused
+  std::vector<int64_t> window;  // per layer: keys at most window - 1 positions back (0: all earlier keys)
 };
 
 LlamaSpec parse_llama(const json& config) {
@@ -244,12 +244,24 @@ LlamaSpec parse_llama(const json& config) {
     s.qkv_bias = true;
     s.o_bias = false;
     s.mlp_bias = false;
-    if (get_or<bool>(config, "use_sliding_window", false)) fail("qwen2 use_sliding_window is not supported");
   } else {
     s.qkv_bias = s.o_bias = get_or<bool>(config, "attention_bias", false);
     s.mlp_bias = get_or<bool>(config, "mlp_bias", false);
-    if (s.variant == LlamaVariant::kMistral && has(config, "sliding_window")) {
-      s.sliding_window = config.at("sliding_window").get<int64_t>();
+  }
+  // Sliding windows (MistralAttention: every layer; Qwen2Config: with use_sliding_window,
+  // the layers layer_types marks, by default those from max_window_layers on).
+  s.window.assign(s.layers, 0);
+  const bool windowed = has(config, "sliding_window") && !config.at("sliding_window").is_null() &&
+                        (s.variant == LlamaVariant::kMistral ||
+                         (s.variant == LlamaVariant::kQwen2 && get_or<bool>(config, "use_sliding_window", false)));
+  if (windowed) {
+    const int64_t window = config.at("sliding_window").get<int64_t>();
+    for (int64_t l = 0; l < s.layers; ++l) {
+      bool sliding = true;
+      if (s.variant == LlamaVariant::kQwen2)
+        sliding = has(config, "layer_types") ? config.at("layer_types").at(l) == "sliding_attention"
+                                             : l >= get_or<int64_t>(config, "max_window_layers", 28);
+      if (sliding) s.window[l] = window;
     }
   }
   return s;
@@ -319,9 +331,6 @@ torch::Tensor reference_llama_logits(const nlohmann::json& config,
   const LlamaSpec s = parse_llama(config);
   check_input_ids(input_ids, s.vocab);
   const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
-  if (s.sliding_window && seq > *s.sliding_window) {
-    fail("sequence longer than Mistral sliding_window is not supported");
-  }
   const torch::ScalarType dtype = validate_weights(weights, llama_params(s), s.tie ? "model.embed_tokens.weight" : "");
   auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(name); };
   auto maybe = [&](bool present, const std::string& name) { return present ? w(name) : torch::Tensor(); };
@@ -342,13 +351,18 @@ torch::Tensor reference_llama_logits(const nlohmann::json& config,
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);      // [T, head_dim]
   torch::Tensor cos = (emb.cos() * attention_factor).to(dtype), sin = (emb.sin() * attention_factor).to(dtype);
 
-  const torch::Tensor mask = future_mask(seq);
   const int64_t groups = s.heads / s.kv_heads;
   const double scaling = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
 
   torch::Tensor h = embed(w("model.embed_tokens.weight"), input_ids);
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
+    // Hidden keys: later positions, and with a window those window or more positions back.
+    torch::Tensor mask = future_mask(seq);
+    if (s.window[l] > 0) {
+      auto distance = torch::arange(seq).view({-1, 1}) - torch::arange(seq).view({1, -1});  // query - key
+      mask = mask.logical_or(distance >= s.window[l]);
+    }
 
     // Self-attention block.
     torch::Tensor residual = h;

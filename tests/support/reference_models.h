@@ -4,8 +4,8 @@
 //
 // Semantics follow HF transformers' modeling_llama.py / modeling_mistral.py /
 // modeling_qwen2.py / modeling_gpt2.py (eager attention, no KV cache, positions
-// 0..T-1, no padding mask). Anything the reference does not model (longrope,
-// sliding windows shorter than the sequence, non-default activations, ...) throws
+// 0..T-1, no padding mask; Mistral / Qwen2 sliding windows as their configs say).
+// Anything the reference does not model (longrope, non-default activations, ...) throws
 // std::runtime_error instead of silently computing something else. Weights are
 // validated against the names and shapes the config implies: a missing,
 // misshapen or unexpected parameter throws.

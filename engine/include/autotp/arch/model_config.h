@@ -1,12 +1,12 @@
 // Typed view of an HF config.json for the supported architectures. Parsing
 // rejects what the engine does not implement (longrope and other rope_scaling
-// types, other activations, sliding windows that would matter) instead of
-// training a different model.
+// types, other activations) instead of training a different model.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "autotp/arch/rope_scaling.h"
 
@@ -32,6 +32,10 @@ struct ModelConfig {
   bool o_bias = false;            // attention_bias (Llama/Mistral); never in Qwen2
   bool mlp_bias = false;          // Llama mlp_bias
   bool tie_word_embeddings = false;
+  // Sliding-window attention per decoder layer (0: full causal attention): Mistral's
+  // sliding_window on every layer; Qwen2's with use_sliding_window, on the layers
+  // from max_window_layers on, or as `layer_types` says.
+  std::vector<int64_t> layer_sliding_window;
   std::string torch_dtype = "float32";  // as written in config.json
   nlohmann::json raw;             // the original config, written back on export
 
@@ -39,6 +43,9 @@ struct ModelConfig {
   static ModelConfig from_json(const nlohmann::json& json, const std::string& source);
   static ModelConfig from_file(const std::string& path);
 
+  int64_t sliding_window_of(int64_t layer) const {
+    return layer < static_cast<int64_t>(layer_sliding_window.size()) ? layer_sliding_window[layer] : 0;
+  }
   int64_t kv_group_size() const { return num_heads / num_kv_heads; }  // query heads per kv head
   // Prefix of the base model in HF parameter names: "model." or "transformer.".
   std::string base_prefix() const { return family == ModelFamily::kGpt2 ? "transformer." : "model."; }

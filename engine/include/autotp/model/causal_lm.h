@@ -106,8 +106,9 @@ class CausalLM {
   torch::Tensor llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,
                             const torch::Tensor& sin);
   torch::Tensor gpt2_layer(int64_t layer, const torch::Tensor& x);
+  // `window` > 0: sliding-window attention over that many positions (0: full causal).
   torch::Tensor attention(const std::string& prefix, const torch::Tensor& q, const torch::Tensor& k,
-                          const torch::Tensor& v);
+                          const torch::Tensor& v, int64_t window = 0);
   torch::Tensor linear(const std::string& module, const torch::Tensor& x);
   torch::Tensor embed(const torch::Tensor& ids);
   torch::Tensor lm_head_logits(const torch::Tensor& hidden);
