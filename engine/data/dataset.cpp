@@ -364,6 +364,38 @@ std::string string_field(const std::string& path, int64_t line, const nlohmann::
   return it->get<std::string>();
 }
 
+// A record is text ({"text"}) or an instruction ({"instruction", "output"}), never both.
+RecordKind record_kind(const std::string& path, int64_t line_number, const nlohmann::json& record) {
+  AUTOTP_USER_CHECK(record.is_object(), "{}: line {}: expected a JSON object, got {}", path, line_number,
+                    record.type_name());
+  const bool has_text = record.contains("text");
+  const bool has_instruction = record.contains("instruction");
+  AUTOTP_USER_CHECK(!(has_text && has_instruction),
+                    "{}: line {}: a record has either \"text\" or \"instruction\", not both", path, line_number);
+  AUTOTP_USER_CHECK(has_text || has_instruction,
+                    "{}: line {}: the record has neither \"text\" nor \"instruction\" (with \"output\")", path,
+                    line_number);
+  return has_text ? RecordKind::kText : RecordKind::kInstruction;
+}
+
+// BOS, the prompt (instruction, the optional input, a newline), the output, EOS;
+// the prompt's tokens are masked out of the loss.
+InstructionDataset::Record instruction_tokens(const std::string& path, int64_t line_number,
+                                              const nlohmann::json& record, const DataOptions& options) {
+  const std::string instruction = string_field(path, line_number, record, "instruction");
+  const std::string output = string_field(path, line_number, record, "output");
+  std::string input;
+  if (record.contains("input") && !record["input"].is_null()) input = string_field(path, line_number, record, "input");
+  const std::string prompt = instruction + (input.empty() ? "" : "\n" + input) + "\n";
+  InstructionDataset::Record example;
+  example.prompt_tokens = 1 + static_cast<int64_t>(prompt.size());
+  example.tokens.push_back(static_cast<uint32_t>(options.bos_id));
+  append_bytes(prompt, example.tokens);
+  append_bytes(output, example.tokens);
+  example.tokens.push_back(static_cast<uint32_t>(options.eos_id));
+  return example;
+}
+
 std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& options) {
   required_seq_len(path, options, "JSON lines (.jsonl)");
   check_byte_level_vocab(path, options);
@@ -387,17 +419,7 @@ std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& 
     } catch (const nlohmann::json::parse_error& e) {
       throw_user_error("{}: line {}: invalid JSON at byte {} of the line", path, line_number, e.byte);
     }
-    AUTOTP_USER_CHECK(record.is_object(), "{}: line {}: expected a JSON object, got {}", path, line_number,
-                      record.type_name());
-    const bool has_text = record.contains("text");
-    const bool has_instruction = record.contains("instruction");
-    AUTOTP_USER_CHECK(!(has_text && has_instruction),
-                      "{}: line {}: a record has either \"text\" or \"instruction\", not both", path,
-                      line_number);
-    AUTOTP_USER_CHECK(has_text || has_instruction,
-                      "{}: line {}: the record has neither \"text\" nor \"instruction\" (with \"output\")",
-                      path, line_number);
-    const RecordKind this_kind = has_text ? RecordKind::kText : RecordKind::kInstruction;
+    const RecordKind this_kind = record_kind(path, line_number, record);
     if (first_record_line == 0) {
       kind = this_kind;
       first_record_line = line_number;
@@ -411,19 +433,7 @@ std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& 
       append_document(string_field(path, line_number, record, "text"), options, text_tokens);
       continue;
     }
-    const std::string instruction = string_field(path, line_number, record, "instruction");
-    const std::string output = string_field(path, line_number, record, "output");
-    std::string input;
-    if (record.contains("input") && !record["input"].is_null()) {
-      input = string_field(path, line_number, record, "input");
-    }
-    const std::string prompt = instruction + (input.empty() ? "" : "\n" + input) + "\n";
-    InstructionDataset::Record example;
-    example.prompt_tokens = 1 + static_cast<int64_t>(prompt.size());
-    example.tokens.push_back(static_cast<uint32_t>(options.bos_id));
-    append_bytes(prompt, example.tokens);
-    append_bytes(output, example.tokens);
-    example.tokens.push_back(static_cast<uint32_t>(options.eos_id));
+    InstructionDataset::Record example = instruction_tokens(path, line_number, record, options);
     const bool cut = example.tokens.size() > max_tokens;
     if (cut) example.tokens.resize(max_tokens);
     // A prompt that fills the whole window leaves nothing to learn.

@@ -140,41 +140,12 @@ double run_steal_fraction(const std::vector<json>& lines, size_t first) {
   return steal_fraction({}, run);
 }
 
-// A simulate-only scenario (the schema and strict reader of scenario/simulated_layout.h):
-// its variants, then every layout, as one markdown report. --calibration,
-// --overlap-comm, --inter-node-bw and --host-steal apply over the file.
-void run_scenario(const SimulateArgs& args) {
-  const auto s = scenario::SimulateScenario::from_file(args.scenario);
-  auto model = sim::resolve_sim_model(s.base.model);
-  SimulateArgs cluster_args = args;
-  if (cluster_args.calibration.empty()) cluster_args.calibration = s.base.calibration;
-  auto cluster = cluster_from(cluster_args, s.base.cluster);
-  auto layout_of = [&](const scenario::SimulatedLayout& l) {
-    sim::SimLayout layout = l.sim_layout(cluster);
-    if (args.overlap_comm) layout.overlap_comm = *args.overlap_comm;
-    return layout;
-  };
-  const sim::SimLayout base = layout_of(s.base);
-
-  std::vector<sim::SimResult> variants;
-  std::vector<std::string> names;
-  json out = json::array();
-  for (const auto& v : s.variants) {
-    variants.push_back(sim::simulate(model, cluster, layout_of(v.layout)));
-    names.push_back(v.name);
-    auto j = variants.back().to_json();
-    j["name"] = names.back();
-    out.push_back(j);
-  }
-  auto all = sim::sweep(model, cluster, base);
-  if (args.json) {
-    std::cout << json{{"name", s.name}, {"variants", out}}.dump(2) << "\n";
-  } else if (args.markdown.empty()) {
-    for (size_t i = 0; i < variants.size(); ++i) std::cout << names[i] << ":\n" << sim::format_result(variants[i]) << "\n";
-    std::cout << sim::format_sweep(all);
-  }
-  if (args.markdown.empty()) return;
-
+// The --markdown report of a simulate-only scenario: its variants' memory and
+// time by kind, every layout of the sweep, and how each variant's peak adds up.
+std::string scenario_markdown(const SimulateArgs& args, const scenario::SimulateScenario& s,
+                              const sim::ClusterSpec& cluster, const sim::SimLayout& base,
+                              const std::vector<std::string>& names, const std::vector<sim::SimResult>& variants,
+                              const std::vector<sim::SimResult>& all) {
   const auto& first = variants.front();
   std::string md = fmt::format("# Simulated: {}\n\n", s.name.empty() ? args.scenario : s.name);
   md += fmt::format(
@@ -227,7 +198,45 @@ void run_scenario(const SimulateArgs& args) {
                                             m.activations)),
         r.fits ? "" : fmt::format(" > {} usable: does not fit", sim::format_bytes(r.usable_bytes)));
   }
-  write_output(args.markdown, md);
+  return md;
+}
+
+// A simulate-only scenario (the schema and strict reader of scenario/simulated_layout.h):
+// its variants, then every layout, as one markdown report. --calibration,
+// --overlap-comm, --inter-node-bw and --host-steal apply over the file.
+void run_scenario(const SimulateArgs& args) {
+  const auto s = scenario::SimulateScenario::from_file(args.scenario);
+  auto model = sim::resolve_sim_model(s.base.model);
+  SimulateArgs cluster_args = args;
+  if (cluster_args.calibration.empty()) cluster_args.calibration = s.base.calibration;
+  auto cluster = cluster_from(cluster_args, s.base.cluster);
+  auto layout_of = [&](const scenario::SimulatedLayout& l) {
+    sim::SimLayout layout = l.sim_layout(cluster);
+    if (args.overlap_comm) layout.overlap_comm = *args.overlap_comm;
+    return layout;
+  };
+  const sim::SimLayout base = layout_of(s.base);
+
+  std::vector<sim::SimResult> variants;
+  std::vector<std::string> names;
+  json out = json::array();
+  for (const auto& v : s.variants) {
+    variants.push_back(sim::simulate(model, cluster, layout_of(v.layout)));
+    names.push_back(v.name);
+    auto j = variants.back().to_json();
+    j["name"] = names.back();
+    out.push_back(j);
+  }
+  auto all = sim::sweep(model, cluster, base);
+  if (args.json) {
+    std::cout << json{{"name", s.name}, {"variants", out}}.dump(2) << "\n";
+  } else if (args.markdown.empty()) {
+    for (size_t i = 0; i < variants.size(); ++i) std::cout << names[i] << ":\n" << sim::format_result(variants[i]) << "\n";
+    std::cout << sim::format_sweep(all);
+  }
+  if (args.markdown.empty()) return;
+
+  write_output(args.markdown, scenario_markdown(args, s, cluster, base, names, variants, all));
   std::cout << "wrote " << args.markdown << "\n";
 }
 

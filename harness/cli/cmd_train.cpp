@@ -75,19 +75,16 @@ void print_progress(const StepMetrics& m, const TrainConfig& config, int64_t ste
     std::cerr << progress << "\n";
 }
 
-}  // namespace
+struct TrainArgs {
+  std::string config, model, data, metrics, bin_dtype = "uint16";
+  std::string save, resume, export_hf, export_dtype, max_shard_size = "0";
+  int64_t steps = 10, seq_len = 0, save_every = 0;
+  bool no_shuffle = false;
+  std::optional<uint64_t> seed;
+  WorldOptions world;
+};
 
-void register_train(CLI::App& app) {
-  struct Args {
-    std::string config, model, data, metrics, bin_dtype = "uint16";
-    std::string save, resume, export_hf, export_dtype, max_shard_size = "0";
-    int64_t steps = 10, seq_len = 0, save_every = 0;
-    bool no_shuffle = false;
-    std::optional<uint64_t> seed;
-    WorldOptions world;
-  };
-  auto args = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("train", "Train a model with AutoTP + ZeRO from a DeepSpeed-style JSON config");
+void add_train_options(CLI::App* cmd, TrainArgs* args) {
   cmd->add_option("--config", args->config, "DeepSpeed-style JSON config (see docs/config.md)")->required();
   cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
   cmd->add_option("--data", args->data, "Training data: .txt, .jsonl, .json token arrays or .bin (see docs/data.md)")
@@ -108,73 +105,95 @@ void register_train(CLI::App& app) {
       ->check(CLI::IsMember({"uint16", "uint32"}));
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
+}
+
+// The optimizer steps from the trainer's position to --steps: checkpoints every
+// --save-every, one metrics line and a progress line per step. Returns the step
+// last saved (-1: none).
+int64_t run_steps(const TrainArgs& args, Trainer& trainer, Topology& topology, const TrainConfig& config,
+                  const Dataset& data, const SaveOptions& save_options) {
+  const int64_t first_step = trainer.steps_done();
+  int64_t saved_at = -1;
+  std::ofstream metrics;
+  if (topology.rank() == 0 && !args.metrics.empty()) {
+    metrics.open(args.metrics);
+    AUTOTP_USER_CHECK(metrics.good(), "--metrics {}: cannot open for writing", args.metrics);
+  }
+  double elapsed = 0;
+  for (int64_t s = first_step; s < args.steps; ++s) {
+    StepMetrics m = trainer.train_step();
+    elapsed += m.step_time_s;
+    if (args.save_every > 0 && m.step % args.save_every == 0) {
+      save_checkpoint(trainer, args.save, save_options);
+      saved_at = m.step;
+    }
+    // Every rank's memory goes into rank 0's line.
+    nlohmann::json line = metrics_line(m, trainer, topology, config, data.seq_len());
+    if (line.is_null()) continue;
+    if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;
+    const double eta = elapsed / static_cast<double>(s + 1 - first_step) * static_cast<double>(args.steps - s - 1);
+    print_progress(m, config, args.steps, eta, s + 1 == args.steps);
+  }
+  return saved_at;
+}
+
+void run_train(const TrainArgs& args) {
+  // Everything that can be checked without the others is checked before the rendezvous.
+  auto config = TrainConfig::from_file(args.config);
+  if (args.seed) config.seed = *args.seed;
+  DistEnv env = DistEnv::from_environment();
+  config.resolve_batch(env.world_size);
+  auto source = resolve_model(args.model);
+  TpPlanOptions plan_options;
+  plan_options.tp_size = config.tensor_parallel.autotp_size;
+  plan_options.layer_specs = config.tensor_parallel.layer_specs;
+  auto plan = TpPlan::build(source.config, plan_options);
+  DataOptions data_options;
+  data_options.seq_len = args.seq_len;
+  data_options.vocab_size = source.config.vocab_size;
+  data_options.bin_dtype = args.bin_dtype;
+  std::shared_ptr<Dataset> data = open_dataset(args.data, data_options);
+  AUTOTP_USER_CHECK(args.save_every == 0 || !args.save.empty(), "--save-every needs --save DIR");
+  ExportOptions export_options;
+  if (!args.export_dtype.empty()) export_options.dtype = parse_dtype(args.export_dtype);
+  export_options.max_shard_bytes = io::parse_byte_size(args.max_shard_size);
+  std::optional<io::SavedCheckpoint> resume;
+  if (!args.resume.empty()) resume = io::SavedCheckpoint::open(args.resume);  // bad paths fail before the rendezvous
+
+  const Placement placement = place_rank(args.world, config.device);
+  const torch::ScalarType dtype = training_dtype(config);
+  auto topology = join_world(args.world, config.tensor_parallel.autotp_size, placement.backend);
+  torch::manual_seed(config.seed);
+  auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, placement.device);
+  log().info("model {} ({}) on {}, data {}", source.label, source.config.architecture, placement.device.str(),
+             data->describe());
+  log().info("layout: world {} = dp {} x tp {}, ZeRO stage {}, micro-batch {}, gradient accumulation {}, global batch {}",
+             topology->world_size(), topology->dp_size(), topology->tp_size(), config.zero.stage,
+             config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
+  Trainer trainer(config, topology, std::move(model), data, !args.no_shuffle);
+  if (resume) load_checkpoint(trainer, *resume);
+  const int64_t first_step = trainer.steps_done();
+  if (first_step >= args.steps)
+    log().warn("the checkpoint is at step {}, --steps is {}: nothing to train (--steps counts every step of the run)",
+               first_step, args.steps);
+  SaveOptions save_options;
+  save_options.gather_16bit_weights = config.zero.gather_16bit_weights_on_model_save;
+  const int64_t saved_at = run_steps(args, trainer, *topology, config, *data, save_options);
+
+  if (!args.save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args.save, save_options);
+  if (!args.export_hf.empty()) export_hf(trainer, args.export_hf, export_options);
+  topology->world().barrier();  // rank 0 hosts the store: leave together
+}
+
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  auto* cmd = app.add_subcommand("train", "Train a model with AutoTP + ZeRO from a DeepSpeed-style JSON config");
+  add_train_options(cmd, args.get());
   cmd->callback([args] {
     if (!run_as_rank(args->world)) return;
-    // Everything that can be checked without the others is checked before the rendezvous.
-    auto config = TrainConfig::from_file(args->config);
-    if (args->seed) config.seed = *args->seed;
-    DistEnv env = DistEnv::from_environment();
-    config.resolve_batch(env.world_size);
-    auto source = resolve_model(args->model);
-    TpPlanOptions plan_options;
-    plan_options.tp_size = config.tensor_parallel.autotp_size;
-    plan_options.layer_specs = config.tensor_parallel.layer_specs;
-    auto plan = TpPlan::build(source.config, plan_options);
-    DataOptions data_options;
-    data_options.seq_len = args->seq_len;
-    data_options.vocab_size = source.config.vocab_size;
-    data_options.bin_dtype = args->bin_dtype;
-    std::shared_ptr<Dataset> data = open_dataset(args->data, data_options);
-    AUTOTP_USER_CHECK(args->save_every == 0 || !args->save.empty(), "--save-every needs --save DIR");
-    ExportOptions export_options;
-    if (!args->export_dtype.empty()) export_options.dtype = parse_dtype(args->export_dtype);
-    export_options.max_shard_bytes = io::parse_byte_size(args->max_shard_size);
-    std::optional<io::SavedCheckpoint> resume;
-    if (!args->resume.empty()) resume = io::SavedCheckpoint::open(args->resume);  // bad paths fail before the rendezvous
-
-    const Placement placement = place_rank(args->world, config.device);
-    const torch::ScalarType dtype = training_dtype(config);
-    auto topology = join_world(args->world, config.tensor_parallel.autotp_size, placement.backend);
-    torch::manual_seed(config.seed);
-    auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, placement.device);
-    log().info("model {} ({}) on {}, data {}", source.label, source.config.architecture, placement.device.str(),
-               data->describe());
-    log().info("layout: world {} = dp {} x tp {}, ZeRO stage {}, micro-batch {}, gradient accumulation {}, global batch {}",
-               topology->world_size(), topology->dp_size(), topology->tp_size(), config.zero.stage,
-               config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
-    Trainer trainer(config, topology, std::move(model), data, !args->no_shuffle);
-    if (resume) load_checkpoint(trainer, *resume);
-    const int64_t first_step = trainer.steps_done();
-    if (first_step >= args->steps)
-      log().warn("the checkpoint is at step {}, --steps is {}: nothing to train (--steps counts every step of the run)",
-                 first_step, args->steps);
-    SaveOptions save_options;
-    save_options.gather_16bit_weights = config.zero.gather_16bit_weights_on_model_save;
-    int64_t saved_at = -1;
-
-    std::ofstream metrics;
-    if (topology->rank() == 0 && !args->metrics.empty()) {
-      metrics.open(args->metrics);
-      AUTOTP_USER_CHECK(metrics.good(), "--metrics {}: cannot open for writing", args->metrics);
-    }
-    double elapsed = 0;
-    for (int64_t s = first_step; s < args->steps; ++s) {
-      StepMetrics m = trainer.train_step();
-      elapsed += m.step_time_s;
-      if (args->save_every > 0 && m.step % args->save_every == 0) {
-        save_checkpoint(trainer, args->save, save_options);
-        saved_at = m.step;
-      }
-      // Every rank's memory goes into rank 0's line.
-      nlohmann::json line = metrics_line(m, trainer, *topology, config, data->seq_len());
-      if (line.is_null()) continue;
-      if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;
-      const double eta = elapsed / static_cast<double>(s + 1 - first_step) * static_cast<double>(args->steps - s - 1);
-      print_progress(m, config, args->steps, eta, s + 1 == args->steps);
-    }
-    if (!args->save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args->save, save_options);
-    if (!args->export_hf.empty()) export_hf(trainer, args->export_hf, export_options);
-    topology->world().barrier();  // rank 0 hosts the store: leave together
+    run_train(*args);
   });
 }
 
