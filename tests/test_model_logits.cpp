@@ -173,6 +173,30 @@ TEST(ModelLoading, ShapeMismatchIsAnError) {
   EXPECT_THROW(load_single(dir, self), UserError);
 }
 
+// Which layers get a window, as MistralConfig and Qwen2Config decide (4096 when the key is absent).
+TEST(ModelConfigParsing, SlidingWindowsPerLayer) {
+  auto windows = [](const std::string& preset, json overrides) {
+    json config = test::preset_config(preset, overrides);
+    // (preset_config merges like a JSON merge patch: a null there would delete the key)
+    if (overrides.contains("sliding_window") && overrides["sliding_window"] == "absent") config.erase("sliding_window");
+    if (overrides.contains("sliding_window") && overrides["sliding_window"] == "null") config["sliding_window"] = nullptr;
+    return ModelConfig::from_json(config, "config.json").layer_sliding_window;
+  };
+  using W = std::vector<int64_t>;
+  EXPECT_EQ(windows("mistral-tiny", {{"sliding_window", 7}}), (W{7, 7}));
+  EXPECT_EQ(windows("mistral-tiny", {{"sliding_window", "absent"}}), (W{4096, 4096}));
+  EXPECT_EQ(windows("mistral-tiny", {{"sliding_window", "null"}}), W{});
+  EXPECT_EQ(windows("qwen2-tiny", {{"sliding_window", 7}}), W{});  // use_sliding_window false
+  EXPECT_EQ(windows("qwen2-tiny", {{"use_sliding_window", true}, {"sliding_window", 7}, {"max_window_layers", 1}}),
+            (W{0, 7}));
+  EXPECT_EQ(windows("qwen2-tiny", {{"use_sliding_window", true}, {"sliding_window", "absent"}, {"max_window_layers", 0}}),
+            (W{4096, 4096}));
+  EXPECT_EQ(windows("llama-tiny", {{"sliding_window", 7}}), W{});  // HF's Llama has none
+  EXPECT_THROW(windows("mistral-tiny", {{"sliding_window", 0}}), UserError);
+  EXPECT_THROW(windows("qwen2-tiny", {{"use_sliding_window", true}, {"sliding_window", 7}, {"layer_types", {"full_attention"}}}),
+               UserError);
+}
+
 TEST(ModelConfigParsing, RejectsWhatIsNotImplemented) {
   auto parse = [](json overrides, const std::string& preset = "llama-tiny") {
     return ModelConfig::from_json(test::preset_config(preset, overrides), "config.json");

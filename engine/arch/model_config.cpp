@@ -37,11 +37,12 @@ void parse_sliding_window(const json& j, const std::string& source, ModelConfig&
   const bool mistral = c.architecture == "MistralForCausalLM", qwen2 = c.architecture == "Qwen2ForCausalLM";
   if (!mistral && !qwen2) return;  // HF's Llama has no sliding window
   if (qwen2 && !get_or<bool>(j, "use_sliding_window", false)) return;  // Qwen2Config drops the window then
-  if (!j.contains("sliding_window") || j["sliding_window"].is_null()) return;
-  AUTOTP_USER_CHECK(j["sliding_window"].is_number_integer() && j["sliding_window"].get<int64_t>() > 0,
-                    "{}: sliding_window must be a positive integer or null, got {}", source,
-                    j["sliding_window"].dump());
-  const int64_t window = j["sliding_window"].get<int64_t>();
+  if (j.contains("sliding_window") && j["sliding_window"].is_null()) return;
+  // Absent: MistralConfig's and Qwen2Config's default, 4096.
+  const json given = j.value("sliding_window", json(4096));
+  AUTOTP_USER_CHECK(given.is_number_integer() && given.get<int64_t>() > 0,
+                    "{}: sliding_window must be a positive integer or null, got {}", source, given.dump());
+  const int64_t window = given.get<int64_t>();
   c.layer_sliding_window.assign(c.num_layers, mistral ? window : 0);
   if (mistral) return;
   if (j.contains("layer_types") && !j["layer_types"].is_null()) {

@@ -94,9 +94,10 @@ RopeScaling RopeScaling::from_json(const json& value, const std::string& source)
   json given = json::object();  // HF writes unset options as null
   for (const auto& [key, v] : value.items())
     if (!v.is_null()) given[key] = v;
-  const std::string type = given.contains("rope_type") ? given["rope_type"].get<std::string>()
-                           : given.contains("type")     ? given["type"].get<std::string>()
-                                                        : "";
+  const char* type_key = given.contains("rope_type") ? "rope_type" : "type";
+  AUTOTP_USER_CHECK(!given.contains(type_key) || given[type_key].is_string(), "{}: rope_scaling.{} must be a string",
+                    source, type_key);
+  const std::string type = given.value(type_key, std::string());
   if (std::find(types().begin(), types().end(), type) == types().end())
     throw UserError(fmt::format("{}: rope_scaling type '{}' is not supported (allowed: {})", source, type,
                                 fmt::join(types(), ", ")));

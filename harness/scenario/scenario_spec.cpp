@@ -131,16 +131,7 @@ Layout parse_layout(const Section& o, Layout layout, const std::map<std::string,
   if (std::find(kDtypes.begin(), kDtypes.end(), layout.dtype) == kDtypes.end())
     o.fail("{} is \"{}\" (allowed: {})", o.where("dtype"), layout.dtype, fmt::join(kDtypes, ", "));
   layout.micro_batch = o.integer("micro_batch", layout.micro_batch, 1);
-  if (o.has("activation_checkpointing")) {
-    const json& ac = o.at("activation_checkpointing");
-    if (ac.is_boolean())
-      layout.recompute = ac.get<bool>() ? "full" : "off";
-    else if (ac.is_string() && (ac == "off" || ac == "selective" || ac == "full"))
-      layout.recompute = ac.get<std::string>();
-    else
-      o.fail("{} is {} (allowed: \"off\", \"selective\", \"full\", true = \"full\", false = \"off\")",
-             o.where("activation_checkpointing"), ac.dump());
-  }
+  layout.recompute = read_recompute_mode(o, layout.recompute);
   if (o.has("overrides")) layout.overrides = merged(layout.overrides, o.object("overrides"));
   if (o.has("model")) {
     layout.model = o.string("model", "");

@@ -163,6 +163,15 @@ json SimulatedLayout::to_json() const {
   return j;
 }
 
+std::string read_recompute_mode(const JsonSection& o, const std::string& fallback) {
+  if (!o.has("activation_checkpointing")) return fallback;
+  const json& ac = o.at("activation_checkpointing");
+  if (ac.is_boolean()) return ac.get<bool>() ? "full" : "off";
+  if (ac.is_string() && (ac == "off" || ac == "selective" || ac == "full")) return ac.get<std::string>();
+  o.fail("{} is {} (allowed: \"off\", \"selective\", \"full\", true = \"full\", false = \"off\")",
+         o.where("activation_checkpointing"), ac.dump());
+}
+
 SimulatedLayout read_simulated_layout(const JsonSection& o, SimulatedLayout l, const std::string& base_dir) {
   if (o.has("model")) {
     l.model = o.string("model", "");
@@ -198,16 +207,7 @@ SimulatedLayout read_simulated_layout(const JsonSection& o, SimulatedLayout l, c
   l.dtype = o.string("dtype", l.dtype);
   o.check(std::find(kDtypes.begin(), kDtypes.end(), l.dtype) != kDtypes.end(), "dtype",
           fmt::format("{}", fmt::join(kDtypes, ", ")));
-  if (o.has("activation_checkpointing")) {
-    const json& ac = o.at("activation_checkpointing");
-    if (ac.is_boolean())
-      l.recompute = ac.get<bool>() ? "full" : "off";
-    else if (ac.is_string() && (ac == "off" || ac == "selective" || ac == "full"))
-      l.recompute = ac.get<std::string>();
-    else
-      o.fail("{} is {} (allowed: \"off\", \"selective\", \"full\", true = \"full\", false = \"off\")",
-             o.where("activation_checkpointing"), ac.dump());
-  }
+  l.recompute = read_recompute_mode(o, l.recompute);
   if (o.has("overlap_comm")) l.overlap_comm = o.boolean("overlap_comm", true);
   return l;
 }

@@ -53,6 +53,11 @@ const std::vector<std::string>& simulated_layout_keys();
 // name; model and calibration paths are taken against `base_dir`.
 SimulatedLayout read_simulated_layout(const JsonSection& o, SimulatedLayout defaults, const std::string& base_dir);
 
+// A scenario's "activation_checkpointing": "off" | "selective" | "full", or true
+// (= "full") / false (= "off"); `fallback` when absent. Training layouts and
+// simulated ones read it alike.
+std::string read_recompute_mode(const JsonSection& o, const std::string& fallback);
+
 // Before anything runs: the required keys (model, cluster, gpus, seq_len, tp,
 // zero_stage) are set, the model resolves, and the layout fits model and cluster
 // (tp divides the GPUs and is at most the heads, seq_len within the positions,

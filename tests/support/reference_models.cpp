@@ -251,11 +251,12 @@ LlamaSpec parse_llama(const json& config) {
   // Sliding windows (MistralAttention: every layer; Qwen2Config: with use_sliding_window,
   // the layers layer_types marks, by default those from max_window_layers on).
   s.window.assign(s.layers, 0);
-  const bool windowed = has(config, "sliding_window") && !config.at("sliding_window").is_null() &&
+  // An absent sliding_window is the configs' default, 4096; null is none.
+  const bool windowed = !(config.contains("sliding_window") && config.at("sliding_window").is_null()) &&
                         (s.variant == LlamaVariant::kMistral ||
                          (s.variant == LlamaVariant::kQwen2 && get_or<bool>(config, "use_sliding_window", false)));
   if (windowed) {
-    const int64_t window = config.at("sliding_window").get<int64_t>();
+    const int64_t window = get_or<int64_t>(config, "sliding_window", 4096);
     for (int64_t l = 0; l < s.layers; ++l) {
       bool sliding = true;
       if (s.variant == LlamaVariant::kQwen2)
