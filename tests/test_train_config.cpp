@@ -358,8 +358,8 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{R"({"fp16": {"loss_scale": -1}})", {"fp16.loss_scale is -1", "0 (dynamic)"}},
         ErrorCase{R"({"fp16": {"initial_scale_power": 99}})", {"fp16.initial_scale_power is 99", "[0, 64]"}},
         ErrorCase{R"({"fp16": {"min_loss_scale": 0}})", {"fp16.min_loss_scale is 0", "> 0"}},
-        ErrorCase{R"({"tensor_parallel": {"autotp_size": 0}})",
-                  {"tensor_parallel.autotp_size is 0 (allowed: an integer >= 1"}},
+        ErrorCase{R"({"tensor_parallel": {"autotp_size": -1}})",
+                  {"tensor_parallel.autotp_size is -1 (allowed: an integer >= 1"}},
         ErrorCase{R"({"tensor_parallel": {"partition_config": {"layer_specs": [{"patterns": ["x"],
                      "partition_type": "diagonal"}]}}})",
                   {"tensor_parallel.partition_config", "diagonal", "column, row, vocab, replicated"}},
@@ -393,7 +393,46 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{R"({"seed": -1})", {"seed is -1", "[0, 2^64)"}},
         ErrorCase{R"({"steps_per_print": 0})", {"steps_per_print is 0"}},
         ErrorCase{R"({"wall_clock_breakdown": "yes"})", {"wall_clock_breakdown must be true or false"}},
-        ErrorCase{R"([1, 2])", {"the config must be an object"}}));
+        ErrorCase{R"([1, 2])", {"the config must be an object"}},
+        // DeepSpeed's AutoTP keys autotp has no meaning for: each says what DeepSpeed does and what autotp offers.
+        ErrorCase{R"({"tensor_parallel": {"autotp_size": 2, "tp_overlap_comm": true}})",
+                  {"tensor_parallel.tp_overlap_comm", "zero_optimization.overlap_comm"}},
+        ErrorCase{R"({"tensor_parallel": {"injection_policy_tuple": ["LlamaDecoderLayer"]}})",
+                  {"tensor_parallel.injection_policy_tuple", "partition_config.layer_specs"}},
+        ErrorCase{R"({"tensor_parallel": {"kernel_inject": true}})", {"tensor_parallel.kernel_inject", "allowed: false"}},
+        ErrorCase{R"({"tensor_parallel": {"preset_model": "phi3"}})",
+                  {"tensor_parallel.preset_model is \"phi3\"", "does not train yet", "allowed: llama, qwen2"}},
+        ErrorCase{R"({"tensor_parallel": {"autotp_size": 2, "tp": {"tp_size": 4}}})",
+                  {"tensor_parallel.tp.tp_size is 4", "allowed: 2"}},
+        ErrorCase{R"({"tensor_parallel": {"tp": {"mpu": {}}}})", {"tensor_parallel.tp.mpu", "Python object"}},
+        ErrorCase{R"({"tensor_parallel": {"dtype": "float16"}, "bf16": {"enabled": true}})",
+                  {"tensor_parallel.dtype is \"float16\"", "bfloat16"}},
+        ErrorCase{R"({"tensor_parallel": {"partition_config": {"use_default_specs": false}}})",
+                  {"use_default_specs is false", "partition_type replicated"}},
+        ErrorCase{R"({"tensor_parallel": {"partition_config": {"layer_specs": [
+                      {"patterns": [".*o_proj.*"], "partition_type": "row", "partition_dim": 0}]}}})",
+                  {"partition_dim is 0", "1 for row"}}));
+
+// A DeepSpeed AutoTP training section with every key autotp can honour.
+TEST(TrainConfig, AcceptsDeepSpeedAutoTpKeys) {
+  auto c = TrainConfig::from_json(json::parse(R"({
+    "bf16": {"enabled": true},
+    "tensor_parallel": {"autotp_size": 2, "tp_overlap_comm": false, "dtype": "torch.bfloat16",
+                        "tp": {"tp_size": 2, "tp_grain_size": 64}, "injection_policy_tuple": null,
+                        "preset_model": "llama", "keep_module_on_host": true, "replace_with_kernel_inject": false,
+                        "partition_config": {"use_default_specs": true, "layer_specs": [
+                          {"patterns": [".*\\.o_proj\\.weight$"], "partition_type": "row", "partition_dim": 1}]}}})"),
+                                  "ds.json");
+  EXPECT_EQ(c.tensor_parallel.autotp_size, 2);
+  ASSERT_EQ(c.tensor_parallel.layer_specs.size(), 1u);
+  EXPECT_EQ(c.tensor_parallel.layer_specs[0].role, TpRole::kRow);
+  EXPECT_EQ(c.tensor_parallel.dtype, "torch.bfloat16");
+  // autotp_size 0 is DeepSpeed's "off": one rank per tensor-parallel group.
+  EXPECT_EQ(TrainConfig::from_json(json::parse(R"({"tensor_parallel": {"autotp_size": 0}})"), "").tensor_parallel.autotp_size,
+            1);
+  // The resolved config reads back the same.
+  EXPECT_EQ(TrainConfig::from_json(c.to_json(), "").to_json(), c.to_json());
+}
 
 // ---- learning-rate schedules -----------------------------------------------
 // learning_rate(step) is DeepSpeed's lr for iteration step - 1; step 0 gets the

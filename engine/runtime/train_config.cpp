@@ -55,6 +55,19 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
     top.fail("bf16.enabled and fp16.enabled are both true (allowed: at most one mixed-precision mode)");
   c.zero = ZeroConfig::read(top);
   c.tensor_parallel = TensorParallelConfig::read(top);
+  if (!c.tensor_parallel.dtype.empty()) {
+    // DeepSpeed casts the model to tensor_parallel.dtype; autotp trains in the dtype bf16 / fp16 choose.
+    const std::string d = c.tensor_parallel.dtype;
+    const std::string given = d.rfind("torch.", 0) == 0 ? d.substr(6) : d;
+    const std::string wanted = c.bf16 ? "bfloat16" : c.fp16.enabled ? "float16" : "float32";
+    const bool same = given == wanted || (given == "bf16" && c.bf16) || (given == "fp16" && c.fp16.enabled) ||
+                      (given == "fp32" && wanted == "float32") || (given == "half" && c.fp16.enabled) ||
+                      (given == "float" && wanted == "float32");
+    if (!same)
+      top.fail("tensor_parallel.dtype is \"{}\" but the training dtype is {} (bf16.enabled / fp16.enabled decide it; "
+               "allowed: {} or torch.{})",
+               d, wanted, wanted, wanted);
+  }
   c.activation_checkpointing = ActivationCheckpointingConfig::read(top);
   if (top.has("seed")) {
     const json& seed = top.at("seed");

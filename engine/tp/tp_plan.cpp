@@ -114,7 +114,14 @@ std::vector<LayerSpec> parse_partition_config(const json& j) {
   const std::string where = "tensor_parallel.partition_config";
   AUTOTP_USER_CHECK(j.is_object(), "{} must be an object with 'layer_specs'", where);
   for (auto& [key, value] : j.items())
-    AUTOTP_USER_CHECK(key == "layer_specs", "{}: unknown key '{}' (allowed: layer_specs)", where, key);
+    AUTOTP_USER_CHECK(key == "layer_specs" || key == "use_default_specs",
+                      "{}: unknown key '{}' (allowed: layer_specs, use_default_specs)", where, key);
+  // DeepSpeed: false shards only what the specs match. autotp's own rules always
+  // decide the tensors no spec matches.
+  AUTOTP_USER_CHECK(!j.contains("use_default_specs") || j["use_default_specs"] == true,
+                    "{}.use_default_specs is {} (allowed: true: autotp's rules decide every tensor no layer_spec "
+                    "matches; to keep one whole, give it a spec with partition_type replicated)",
+                    where, j.value("use_default_specs", json()).dump());
   std::vector<LayerSpec> specs;
   if (!j.contains("layer_specs")) return specs;
   AUTOTP_USER_CHECK(j["layer_specs"].is_array(), "{}.layer_specs must be an array", where);
@@ -123,8 +130,8 @@ std::vector<LayerSpec> parse_partition_config(const json& j) {
     std::string at = fmt::format("{}.layer_specs[{}]", where, i++);
     AUTOTP_USER_CHECK(item.is_object(), "{} must be an object", at);
     for (auto& [key, value] : item.items())
-      AUTOTP_USER_CHECK(key == "patterns" || key == "partition_type" || key == "shape",
-                        "{}: unknown key '{}' (allowed: patterns, partition_type, shape)", at, key);
+      AUTOTP_USER_CHECK(key == "patterns" || key == "partition_type" || key == "shape" || key == "partition_dim",
+                        "{}: unknown key '{}' (allowed: patterns, partition_type, shape, partition_dim)", at, key);
     LayerSpec spec;
     AUTOTP_USER_CHECK(item.contains("patterns") && item["patterns"].is_array() && !item["patterns"].empty(),
                       "{}.patterns must be a non-empty array of regexes", at);
@@ -140,6 +147,14 @@ std::vector<LayerSpec> parse_partition_config(const json& j) {
     AUTOTP_USER_CHECK(item.contains("partition_type") && item["partition_type"].is_string(),
                       "{}.partition_type is required (allowed: column, row, vocab, replicated)", at);
     spec.role = parse_tp_role(item["partition_type"].get<std::string>(), at);
+    if (item.contains("partition_dim")) {
+      // The dim of an HF [out, in] weight the role splits: column 0, row 1.
+      const int64_t expected = spec.role == TpRole::kRow ? 1 : 0;
+      AUTOTP_USER_CHECK(item["partition_dim"].is_number_integer() && item["partition_dim"].get<int64_t>() == expected &&
+                            (spec.role == TpRole::kColumn || spec.role == TpRole::kRow),
+                        "{}.partition_dim is {} (allowed: 0 for column, 1 for row; the role decides the dim)", at,
+                        item["partition_dim"].dump());
+    }
     if (item.contains("shape")) {
       AUTOTP_USER_CHECK(item["shape"].is_array() && !item["shape"].empty(), "{}.shape must be a non-empty array",
                         at);

@@ -2,6 +2,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <string>
 #include <vector>
 
 #include "autotp/base/strict_json.h"
@@ -9,9 +10,13 @@
 
 namespace autotp {
 
+// Every key of DeepSpeed's AutoTP training section (TPTrainingConfig) is read:
+// those autotp has a meaning for are applied, the rest are exit-2 errors that say
+// what DeepSpeed does with them and what autotp offers (docs/config.md has the table).
 struct TensorParallelConfig {
-  int autotp_size = 1;                 // ranks per tensor-parallel group; divides the world size
+  int autotp_size = 1;                 // ranks per tensor-parallel group; divides the world size (0 = 1: off)
   std::vector<LayerSpec> layer_specs;  // partition_config, via parse_partition_config (tp_plan.h)
+  std::string dtype;                   // "dtype" as given ("" when absent): must agree with bf16 / fp16
 
   static TensorParallelConfig read(const JsonSection& top);  // top["tensor_parallel"]
   nlohmann::json to_json() const;
