@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
@@ -58,12 +59,12 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   if (!c.tensor_parallel.dtype.empty()) {
     // DeepSpeed casts the model to tensor_parallel.dtype; autotp trains in the dtype bf16 / fp16 choose.
     const std::string d = c.tensor_parallel.dtype;
-    const std::string given = d.rfind("torch.", 0) == 0 ? d.substr(6) : d;
+    static const std::map<std::string, std::string> kAliases = {
+        {"bf16", "bfloat16"}, {"fp16", "float16"}, {"half", "float16"}, {"fp32", "float32"}, {"float", "float32"}};
+    std::string given = d.rfind("torch.", 0) == 0 ? d.substr(6) : d;
+    if (auto alias = kAliases.find(given); alias != kAliases.end()) given = alias->second;
     const std::string wanted = c.bf16 ? "bfloat16" : c.fp16.enabled ? "float16" : "float32";
-    const bool same = given == wanted || (given == "bf16" && c.bf16) || (given == "fp16" && c.fp16.enabled) ||
-                      (given == "fp32" && wanted == "float32") || (given == "half" && c.fp16.enabled) ||
-                      (given == "float" && wanted == "float32");
-    if (!same)
+    if (given != wanted)
       top.fail("tensor_parallel.dtype is \"{}\" but the training dtype is {} (bf16.enabled / fp16.enabled decide it; "
                "allowed: {} or torch.{})",
                d, wanted, wanted, wanted);
