@@ -3,11 +3,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <map>
 
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
 #include "autotp/base/strict_json.h"
+#include "autotp/model/presets.h"
 
 namespace autotp {
 namespace {
@@ -59,15 +59,17 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   if (!c.tensor_parallel.dtype.empty()) {
     // DeepSpeed casts the model to tensor_parallel.dtype; autotp trains in the dtype bf16 / fp16 choose.
     const std::string d = c.tensor_parallel.dtype;
-    static const std::map<std::string, std::string> kAliases = {
-        {"bf16", "bfloat16"}, {"fp16", "float16"}, {"half", "float16"}, {"fp32", "float32"}, {"float", "float32"}};
-    std::string given = d.rfind("torch.", 0) == 0 ? d.substr(6) : d;
-    if (auto alias = kAliases.find(given); alias != kAliases.end()) given = alias->second;
-    const std::string wanted = c.bf16 ? "bfloat16" : c.fp16.enabled ? "float16" : "float32";
-    if (given != wanted)
+    const torch::ScalarType wanted = c.bf16 ? torch::kBFloat16 : c.fp16.enabled ? torch::kFloat16 : torch::kFloat32;
+    bool same = false;
+    try {
+      same = parse_dtype(d.rfind("torch.", 0) == 0 ? d.substr(6) : d) == wanted;
+    } catch (const UserError&) {
+      // an unknown name is a mismatch too: reported below with the allowed ones
+    }
+    if (!same)
       top.fail("tensor_parallel.dtype is \"{}\" but the training dtype is {} (bf16.enabled / fp16.enabled decide it; "
                "allowed: {} or torch.{})",
-               d, wanted, wanted, wanted);
+               d, hf_dtype_name(wanted), hf_dtype_name(wanted), hf_dtype_name(wanted));
   }
   c.activation_checkpointing = ActivationCheckpointingConfig::read(top);
   if (top.has("seed")) {
