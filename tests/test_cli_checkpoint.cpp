@@ -198,7 +198,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CliExport,
                          ::testing::Values(ExportCase{"llama-tiny", 2, 2, 0}, ExportCase{"llama-tiny", 2, 4, 1},
                                            ExportCase{"llama-tiny", 2, 4, 2}, ExportCase{"llama-tiny", 4, 4, 3},
                                            ExportCase{"llama-tiny", 3, 3, 1}, ExportCase{"gpt2-tiny", 2, 4, 3},
-                                           ExportCase{"llama-tiny-tied", 4, 4, 1}),
+                                           ExportCase{"llama-tiny-tied", 4, 4, 1}, ExportCase{"qwen3-tiny", 3, 3, 2},
+                                           ExportCase{"phi3-tiny", 4, 4, 3}),
                          [](const auto& info) {
                            std::string p = info.param.preset;
                            for (auto& ch : p)

@@ -87,6 +87,35 @@ INSTANTIATE_TEST_SUITE_P(
                                   {"sliding_window", 5},
                                   {"layer_types", {"sliding_attention", "full_attention"}}}},
                       LogitsCase{"qwen2_qkv_bias", "qwen2-tiny", json::object()},
+                      LogitsCase{"qwen3_head_norms", "qwen3-tiny", json::object()},
+                      LogitsCase{"phi3_fused", "phi3-tiny", json::object()},
+                      // longrope past its pre-training context (long factors) and within it (short ones).
+                      LogitsCase{"phi3_longrope_long", "phi3-tiny",
+                                 {{"original_max_position_embeddings", 4},
+                                  {"rope_scaling",
+                                   {{"type", "longrope"},
+                                    {"short_factor", {1.0, 1.1, 1.3, 1.7, 2.0, 2.5, 3.0, 4.0}},
+                                    {"long_factor", {1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0}}}}}},
+                      LogitsCase{"phi3_longrope_short", "phi3-tiny",
+                                 {{"original_max_position_embeddings", 64},
+                                  {"max_position_embeddings", 256},
+                                  {"rope_scaling",
+                                   {{"rope_type", "longrope"},
+                                    {"short_factor", {1.0, 1.1, 1.3, 1.7, 2.0, 2.5, 3.0, 4.0}},
+                                    {"long_factor", {1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0}}}}}},
+                      LogitsCase{"phi3_sliding_window", "phi3-tiny", {{"sliding_window", 3}}},
+                      LogitsCase{"qwen3_biases_sliding", "qwen3-tiny",
+                                 {{"attention_bias", true},
+                                  {"use_sliding_window", true},
+                                  {"sliding_window", 3},
+                                  {"max_window_layers", 1}}},
+                      LogitsCase{"gemma2", "gemma2-tiny", json::object()},
+                      // Caps small enough to bend the scores and the logits.
+                      LogitsCase{"gemma2_tight_softcaps", "gemma2-tiny",
+                                 {{"attn_logit_softcapping", 0.05}, {"final_logit_softcapping", 0.5}}},
+                      LogitsCase{"gemma3", "gemma3-tiny", json::object()},
+                      LogitsCase{"gemma3_linear_rope_on_global_layers", "gemma3-tiny",
+                                 {{"rope_scaling", {{"rope_type", "linear"}, {"factor", 4.0}}}}},
                       LogitsCase{"gpt2", "gpt2-tiny", json::object()}),
     [](const auto& info) { return info.param.name; });
 
@@ -192,6 +221,12 @@ TEST(ModelConfigParsing, SlidingWindowsPerLayer) {
   EXPECT_EQ(windows("qwen2-tiny", {{"use_sliding_window", true}, {"sliding_window", "absent"}, {"max_window_layers", 0}}),
             (W{4096, 4096}));
   EXPECT_EQ(windows("llama-tiny", {{"sliding_window", 7}}), W{});  // HF's Llama has none
+  // Phi3Config: none unless set, then every layer (Phi-3-mini-4k sets 2047).
+  EXPECT_EQ(windows("phi3-tiny", json::object()), W{});
+  EXPECT_EQ(windows("phi3-tiny", {{"sliding_window", 2047}}), (W{2047, 2047}));
+  // Qwen3 as Qwen2.
+  EXPECT_EQ(windows("qwen3-tiny", {{"use_sliding_window", true}, {"sliding_window", 5}, {"max_window_layers", 1}}),
+            (W{0, 5}));
   EXPECT_THROW(windows("mistral-tiny", {{"sliding_window", 0}}), UserError);
   EXPECT_THROW(windows("qwen2-tiny", {{"use_sliding_window", true}, {"sliding_window", 7}, {"layer_types", {"full_attention"}}}),
                UserError);
@@ -201,7 +236,12 @@ TEST(ModelConfigParsing, RejectsWhatIsNotImplemented) {
   auto parse = [](json overrides, const std::string& preset = "llama-tiny") {
     return ModelConfig::from_json(test::preset_config(preset, overrides), "config.json");
   };
-  EXPECT_THROW(parse({{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}}), UserError);
+  EXPECT_THROW(parse({{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}}), UserError);  // no factor lists
+  EXPECT_THROW(parse({{"rope_scaling",
+                       {{"type", "longrope"}, {"short_factor", {1.0, 1.0}}, {"long_factor", {1.0, 1.0}}}}},
+                     "phi3-tiny"),
+               UserError);  // 2 factors for head_dim 16
+  EXPECT_THROW(parse({{"partial_rotary_factor", 0.75}}, "phi3-tiny"), UserError);
   EXPECT_THROW(parse({{"hidden_act", "gelu"}}), UserError);
   EXPECT_THROW(parse({{"architectures", {"BertModel"}}}), UserError);
   EXPECT_THROW(parse({{"num_key_value_heads", 4}}), UserError);  // 6 heads not a multiple of 4
@@ -211,6 +251,13 @@ TEST(ModelConfigParsing, RejectsWhatIsNotImplemented) {
   EXPECT_EQ(c.num_kv_heads, 2);
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(c.kv_group_size(), 3);
+  // Qwen3Config's head_dim defaults to 128 whatever hidden / heads is.
+  json qwen3 = test::preset_config("qwen3-tiny");
+  qwen3.erase("head_dim");
+  EXPECT_EQ(ModelConfig::from_json(qwen3, "config.json").head_dim, 128);
+  EXPECT_TRUE(parse(json::object(), "qwen3-tiny").qk_norm);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(parse(json::object(), "phi3-tiny").fused_projections);
 }
 
 TEST(Presets, ParameterCountsMatchTheLayout) {
@@ -220,6 +267,13 @@ TEST(Presets, ParameterCountsMatchTheLayout) {
   EXPECT_EQ(count_parameters(c), 2 * 259 * 96 + 2 * layer + 96);
   auto tied = ModelConfig::from_json(test::preset_config("llama-tiny-tied"), "preset");
   EXPECT_EQ(count_parameters(tied), count_parameters(c) - 259 * 96);
+  // Phi-3: the same shapes fused (qkv [96 + 2 x 32, 96], gate_up [2 x 202, 96]).
+  auto phi3 = ModelConfig::from_json(test::preset_config("phi3-tiny"), "preset");
+  EXPECT_EQ(count_parameters(phi3), count_parameters(c));
+  // Qwen3: head_dim 20, per-head norms.
+  auto qwen3 = ModelConfig::from_json(test::preset_config("qwen3-tiny"), "preset");
+  const int64_t qwen3_layer = 2 * 64 + 64 * 120 + 2 * 40 * 64 + 120 * 64 + 2 * 20 + 3 * 64 * 150;
+  EXPECT_EQ(count_parameters(qwen3), 259 * 64 + 2 * qwen3_layer + 64);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // Sanity tests for the reference HF forward passes in support/reference_models.*:
-// causality, GQA head mapping, tied embeddings, closed-form RMSNorm / rotary cases,
-// a scalar-loop re-implementation, the next-token loss, and config validation.
+// causality, GQA head mapping, tied embeddings, closed-form RMSNorm / rotary /
+// longrope / Gemma embedding cases, scalar-loop re-implementations (Llama family,
+// Qwen3, Phi-3, Gemma 2 / 3, GPT-2), invariances of Qwen3's q/k norms, Phi-3's
+// fused weights, Gemma's soft-capping, sliding and local/global layers, the
+// next-token loss, and config validation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -72,6 +75,90 @@ json qwen2_config() {
               {"tie_word_embeddings", false}};
 }
 
+// GQA, head_dim 6 != hidden/heads, all four attention projections biased, tied.
+json qwen3_config() {
+  return json{{"architectures", {"Qwen3ForCausalLM"}},
+              {"model_type", "qwen3"},
+              {"vocab_size", 27},
+              {"hidden_size", 16},
+              {"intermediate_size", 20},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"head_dim", 6},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000.0},
+              {"attention_bias", true},
+              {"use_sliding_window", false},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", true}};
+}
+
+json phi3_config() {
+  return json{{"architectures", {"Phi3ForCausalLM"}},
+              {"model_type", "phi3"},
+              {"vocab_size", 29},
+              {"hidden_size", 16},
+              {"intermediate_size", 20},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 10000.0},
+              {"rope_scaling", nullptr},
+              {"sliding_window", nullptr},
+              {"max_position_embeddings", 64},
+              {"original_max_position_embeddings", 64},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", false}};
+}
+
+// Layer 0 sliding (window 3), layer 1 full; soft-capping small enough to bite.
+json gemma2_config() {
+  return json{{"architectures", {"Gemma2ForCausalLM"}},
+              {"model_type", "gemma2"},
+              {"vocab_size", 25},
+              {"hidden_size", 16},
+              {"intermediate_size", 24},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"head_dim", 8},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 100.0},
+              {"query_pre_attn_scalar", 12},
+              {"attn_logit_softcapping", 2.0},
+              {"final_logit_softcapping", 5.0},
+              {"sliding_window", 3},
+              {"layer_types", {"sliding_attention", "full_attention"}},
+              {"hidden_activation", "gelu_pytorch_tanh"},
+              {"tie_word_embeddings", true}};
+}
+
+// Layer 0 sliding with local base 10, layer 1 full with base 1000 and linear scaling.
+json gemma3_config() {
+  return json{{"architectures", {"Gemma3ForCausalLM"}},
+              {"model_type", "gemma3_text"},
+              {"vocab_size", 31},
+              {"hidden_size", 16},
+              {"intermediate_size", 20},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 2},
+              {"num_key_value_heads", 1},
+              {"head_dim", 8},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000.0},
+              {"rope_local_base_freq", 10.0},
+              {"rope_scaling", {{"rope_type", "linear"}, {"factor", 4.0}}},
+              {"query_pre_attn_scalar", 8},
+              {"attn_logit_softcapping", nullptr},
+              {"final_logit_softcapping", nullptr},
+              {"sliding_window", 3},
+              {"layer_types", {"sliding_attention", "full_attention"}},
+              {"hidden_activation", "gelu_pytorch_tanh"},
+              {"tie_word_embeddings", false}};
+}
+
 json gpt2_config() {
   return json{{"architectures", {"GPT2LMHeadModel"}},
               {"model_type", "gpt2"},
@@ -86,7 +173,12 @@ json gpt2_config() {
               {"scale_attn_weights", true}};
 }
 
-std::vector<json> all_configs() { return {llama_config(), mistral_config(), qwen2_config(), gpt2_config()}; }
+std::vector<json> all_configs() {
+  return {llama_config(), mistral_config(), qwen2_config(), qwen3_config(), phi3_config(),
+          gemma2_config(), gemma3_config(), gpt2_config()};
+}
+
+std::string arch_of(const json& config) { return config.at("architectures")[0].get<std::string>(); }
 
 torch::Tensor ids_for(const json& config, int64_t batch, int64_t seq, uint64_t seed) {
   torch::manual_seed(seed);
@@ -105,6 +197,39 @@ Weights amplified(Weights weights, double factor) {
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>();
+}
+
+double max_abs(const torch::Tensor& a) { return a.abs().max().item<double>(); }
+
+// A Phi-3 model as the Llama (or, with a sliding window, Mistral) model it equals:
+// qkv_proj split into q | k | v rows, gate_up_proj into gate | up rows.
+std::pair<json, Weights> phi3_as_llama(const json& phi3, const Weights& w) {
+  json llama = phi3;
+  const bool windowed = phi3.contains("sliding_window") && !phi3.at("sliding_window").is_null();
+  llama["architectures"] = {windowed ? "MistralForCausalLM" : "LlamaForCausalLM"};
+  llama["model_type"] = windowed ? "mistral" : "llama";
+  llama.erase("original_max_position_embeddings");
+  const int64_t hidden = phi3.at("hidden_size"), heads = phi3.at("num_attention_heads");
+  const int64_t dim = hidden / heads, kv = phi3.value("num_key_value_heads", heads);
+  const int64_t inter = phi3.at("intermediate_size");
+  Weights out;
+  for (const auto& [name, t] : w) {
+    const auto cut = name.find("self_attn.qkv_proj.weight");
+    const auto cut_mlp = name.find("mlp.gate_up_proj.weight");
+    if (cut != std::string::npos) {
+      const std::string pre = name.substr(0, cut) + "self_attn.";
+      out[pre + "q_proj.weight"] = t.narrow(0, 0, heads * dim).clone();
+      out[pre + "k_proj.weight"] = t.narrow(0, heads * dim, kv * dim).clone();
+      out[pre + "v_proj.weight"] = t.narrow(0, (heads + kv) * dim, kv * dim).clone();
+    } else if (cut_mlp != std::string::npos) {
+      const std::string pre = name.substr(0, cut_mlp) + "mlp.";
+      out[pre + "gate_proj.weight"] = t.narrow(0, 0, inter).clone();
+      out[pre + "up_proj.weight"] = t.narrow(0, inter, inter).clone();
+    } else {
+      out[name] = t;
+    }
+  }
+  return {llama, out};
 }
 
 // ---------------------------------------------------------------------------
@@ -172,12 +297,14 @@ Vec layer_norm_loop(const Vec& x, const Arr& weight, const Arr& bias, double eps
   return y;
 }
 
-// Rotate-half rotary on one head vector at position pos: dims i and i+half pair up.
-Vec rotary_loop(const Vec& x, int64_t pos, double theta) {
+// Rotate-half rotary on one head vector at position pos: dims i and i+half pair up;
+// linear rope scaling divides the frequencies by `linear`.
+Vec rotary_loop(const Vec& x, int64_t pos, double theta, double linear = 1.0) {
   const int64_t d = static_cast<int64_t>(x.size()), half = d / 2;
   Vec y(d);
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(d));
+    const double inv_freq =
+        1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(d)) / linear;
     const double c = std::cos(pos * inv_freq), s = std::sin(pos * inv_freq);
     y[i] = x[i] * c - x[i + half] * s;
     y[i + half] = x[i + half] * c + x[i] * s;
@@ -186,25 +313,30 @@ Vec rotary_loop(const Vec& x, int64_t pos, double theta) {
 }
 
 // Causal attention over per-position head vectors; query head h reads kv head h / group.
-// q[t] holds heads*dim values, k[t] / v[t] hold kv_heads*dim values.
+// q[t] holds heads*dim values, k[t] / v[t] hold kv_heads*dim values. Scores are
+// dot * scale, soft-capped (cap * tanh(score / cap)) when softcap > 0; with
+// window > 0 a query at t reads keys t - window + 1 .. t only.
 std::vector<Vec> attention_loop(const std::vector<Vec>& q, const std::vector<Vec>& k, const std::vector<Vec>& v,
-                                int64_t heads, int64_t kv_heads, int64_t dim, bool scale) {
+                                int64_t heads, int64_t kv_heads, int64_t dim, double scale, int64_t window = 0,
+                                double softcap = 0.0) {
   const int64_t seq = static_cast<int64_t>(q.size()), group = heads / kv_heads;
   std::vector<Vec> out(seq, Vec(heads * dim, 0.0));
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t kvh = h / group;
     for (int64_t t = 0; t < seq; ++t) {
-      Vec scores(t + 1);
+      const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
+      Vec scores(t + 1, 0.0);
       double best = -1e300;
-      for (int64_t s = 0; s <= t; ++s) {
+      for (int64_t s = first; s <= t; ++s) {
         double dot = 0.0;
         for (int64_t e = 0; e < dim; ++e) dot += q[t][h * dim + e] * k[s][kvh * dim + e];
-        scores[s] = scale ? dot / std::sqrt(static_cast<double>(dim)) : dot;
+        scores[s] = dot * scale;
+        if (softcap > 0) scores[s] = softcap * std::tanh(scores[s] / softcap);
         best = std::max(best, scores[s]);
       }
       double total = 0.0;
-      for (double& sc : scores) total += (sc = std::exp(sc - best));
-      for (int64_t s = 0; s <= t; ++s) {
+      for (int64_t s = first; s <= t; ++s) total += (scores[s] = std::exp(scores[s] - best));
+      for (int64_t s = first; s <= t; ++s) {
         for (int64_t e = 0; e < dim; ++e) out[t][h * dim + e] += scores[s] / total * v[s][kvh * dim + e];
       }
     }
@@ -212,8 +344,19 @@ std::vector<Vec> attention_loop(const std::vector<Vec>& q, const std::vector<Vec
   return out;
 }
 
-// Llama / Mistral / Qwen2 forward for one sequence. Biases are used where the
-// weights have them. Returns logits [T][V].
+// Applies f to each dim-sized head slice of x in place.
+template <typename F>
+void per_head(Vec& x, int64_t dim, F f) {
+  for (size_t start = 0; start < x.size(); start += dim) {
+    Vec head(x.begin() + start, x.begin() + start + dim);
+    head = f(head);
+    std::copy(head.begin(), head.end(), x.begin() + start);
+  }
+}
+
+// Llama / Mistral / Qwen2 / Qwen3 forward for one sequence (no sliding windows).
+// Biases and Qwen3's per-head q_norm / k_norm are used where the weights have them.
+// Returns logits [T][V].
 std::vector<Vec> llama_loop(const json& cfg, const Weights& w, const std::vector<int64_t>& ids) {
   const int64_t hidden = cfg.at("hidden_size"), heads = cfg.at("num_attention_heads");
   const int64_t kv_heads = cfg.value("num_key_value_heads", heads);
@@ -236,18 +379,15 @@ std::vector<Vec> llama_loop(const json& cfg, const Weights& w, const std::vector
       q[t] = linear_loop(w, pre + "self_attn.q_proj", x);
       k[t] = linear_loop(w, pre + "self_attn.k_proj", x);
       v[t] = linear_loop(w, pre + "self_attn.v_proj", x);
-      for (int64_t hh = 0; hh < heads; ++hh) {
-        Vec head(q[t].begin() + hh * dim, q[t].begin() + (hh + 1) * dim);
-        head = rotary_loop(head, t, theta);
-        std::copy(head.begin(), head.end(), q[t].begin() + hh * dim);
+      if (w.count(pre + "self_attn.q_norm.weight")) {  // Qwen3, before the rotary
+        const Arr qn = arr(w.at(pre + "self_attn.q_norm.weight")), kn = arr(w.at(pre + "self_attn.k_norm.weight"));
+        per_head(q[t], dim, [&](const Vec& head) { return rms_loop(head, qn, eps); });
+        per_head(k[t], dim, [&](const Vec& head) { return rms_loop(head, kn, eps); });
       }
-      for (int64_t hh = 0; hh < kv_heads; ++hh) {
-        Vec head(k[t].begin() + hh * dim, k[t].begin() + (hh + 1) * dim);
-        head = rotary_loop(head, t, theta);
-        std::copy(head.begin(), head.end(), k[t].begin() + hh * dim);
-      }
+      per_head(q[t], dim, [&](const Vec& head) { return rotary_loop(head, t, theta); });
+      per_head(k[t], dim, [&](const Vec& head) { return rotary_loop(head, t, theta); });
     }
-    const std::vector<Vec> attn = attention_loop(q, k, v, heads, kv_heads, dim, /*scale=*/true);
+    const std::vector<Vec> attn = attention_loop(q, k, v, heads, kv_heads, dim, 1.0 / std::sqrt(double(dim)));
     const Arr post_norm = arr(w.at(pre + "post_attention_layernorm.weight"));
     for (int64_t t = 0; t < seq; ++t) {
       const Vec o = linear_loop(w, pre + "self_attn.o_proj", attn[t]);
@@ -291,7 +431,7 @@ std::vector<Vec> gpt2_loop(const json& cfg, const Weights& w, const std::vector<
       k[t] = Vec(qkv.begin() + embd, qkv.begin() + 2 * embd);
       v[t] = Vec(qkv.begin() + 2 * embd, qkv.end());
     }
-    const std::vector<Vec> attn = attention_loop(q, k, v, heads, heads, dim, /*scale=*/true);
+    const std::vector<Vec> attn = attention_loop(q, k, v, heads, heads, dim, 1.0 / std::sqrt(double(dim)));
     const Arr ln2w = arr(w.at(pre + "ln_2.weight")), ln2b = arr(w.at(pre + "ln_2.bias"));
     for (int64_t t = 0; t < seq; ++t) {
       const Vec o = conv1d_loop(w, pre + "attn.c_proj", attn[t]);
@@ -313,23 +453,115 @@ std::vector<Vec> gpt2_loop(const json& cfg, const Weights& w, const std::vector<
   return logits;
 }
 
+// x / sqrt(mean(x^2) + eps) * (1 + weight): Gemma's RMSNorm.
+Vec gemma_rms_loop(const Vec& x, const Arr& weight, double eps) {
+  double ms = 0.0;
+  for (double v : x) ms += v * v;
+  ms /= static_cast<double>(x.size());
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = (1.0 + weight(i)) * x[i] / std::sqrt(ms + eps);
+  return y;
+}
+
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
+}
+
+// Gemma 2 / Gemma 3 forward for one sequence, with layer_types, soft-capping,
+// thetas, query_pre_attn_scalar and sliding_window spelled out in the config and
+// rope_scaling absent, null or linear. Returns logits [T][V].
+std::vector<Vec> gemma_loop(const json& cfg, const Weights& w, const std::vector<int64_t>& ids) {
+  const bool gemma3 = cfg.at("model_type") == "gemma3_text";
+  const int64_t hidden = cfg.at("hidden_size"), heads = cfg.at("num_attention_heads");
+  const int64_t kv_heads = cfg.at("num_key_value_heads"), dim = cfg.at("head_dim");
+  const int64_t layers = cfg.at("num_hidden_layers"), window = cfg.at("sliding_window");
+  const double eps = cfg.at("rms_norm_eps"), theta = cfg.at("rope_theta");
+  const double local_theta = gemma3 ? cfg.at("rope_local_base_freq").get<double>() : theta;
+  const json scaling = cfg.value("rope_scaling", json());
+  const double linear = scaling.is_null() ? 1.0 : scaling.at("factor").get<double>();
+  const double scale = 1.0 / std::sqrt(cfg.at("query_pre_attn_scalar").get<double>());
+  auto cap_of = [&](const char* key) { return cfg.at(key).is_null() ? 0.0 : cfg.at(key).get<double>(); };
+  const double attn_cap = cap_of("attn_logit_softcapping"), final_cap = cap_of("final_logit_softcapping");
+  const int64_t seq = static_cast<int64_t>(ids.size());
+
+  const Arr emb = arr(w.at("model.embed_tokens.weight"));
+  std::vector<Vec> h(seq, Vec(hidden));
+  for (int64_t t = 0; t < seq; ++t) {
+    for (int64_t i = 0; i < hidden; ++i) h[t][i] = emb(ids[t], i) * std::sqrt(static_cast<double>(hidden));
+  }
+  auto norm = [&](const std::string& name, const Vec& x) { return gemma_rms_loop(x, arr(w.at(name)), eps); };
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    const bool sliding = cfg.at("layer_types").at(l) == "sliding_attention";
+    // Gemma 3's sliding layers: local base, no scaling; otherwise rope_theta and rope_scaling.
+    const double layer_theta = sliding ? local_theta : theta;
+    const double layer_linear = gemma3 && sliding ? 1.0 : linear;
+    std::vector<Vec> q(seq), k(seq), v(seq);
+    for (int64_t t = 0; t < seq; ++t) {
+      const Vec x = norm(pre + "input_layernorm.weight", h[t]);
+      q[t] = linear_loop(w, pre + "self_attn.q_proj", x);
+      k[t] = linear_loop(w, pre + "self_attn.k_proj", x);
+      v[t] = linear_loop(w, pre + "self_attn.v_proj", x);
+      if (gemma3) {
+        per_head(q[t], dim, [&](const Vec& head) { return norm(pre + "self_attn.q_norm.weight", head); });
+        per_head(k[t], dim, [&](const Vec& head) { return norm(pre + "self_attn.k_norm.weight", head); });
+      }
+      per_head(q[t], dim, [&](const Vec& head) { return rotary_loop(head, t, layer_theta, layer_linear); });
+      per_head(k[t], dim, [&](const Vec& head) { return rotary_loop(head, t, layer_theta, layer_linear); });
+    }
+    const std::vector<Vec> attn =
+        attention_loop(q, k, v, heads, kv_heads, dim, scale, sliding ? window : 0, attn_cap);
+    for (int64_t t = 0; t < seq; ++t) {
+      const Vec o = norm(pre + "post_attention_layernorm.weight", linear_loop(w, pre + "self_attn.o_proj", attn[t]));
+      for (int64_t i = 0; i < hidden; ++i) h[t][i] += o[i];
+      const Vec x = norm(pre + "pre_feedforward_layernorm.weight", h[t]);
+      Vec gate = linear_loop(w, pre + "mlp.gate_proj", x);
+      const Vec up = linear_loop(w, pre + "mlp.up_proj", x);
+      for (size_t i = 0; i < gate.size(); ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
+      const Vec down = norm(pre + "post_feedforward_layernorm.weight", linear_loop(w, pre + "mlp.down_proj", gate));
+      for (int64_t i = 0; i < hidden; ++i) h[t][i] += down[i];
+    }
+  }
+  const Arr head = w.count("lm_head.weight") ? arr(w.at("lm_head.weight")) : emb;
+  std::vector<Vec> logits(seq, Vec(head.shape[0], 0.0));
+  for (int64_t t = 0; t < seq; ++t) {
+    const Vec x = norm("model.norm.weight", h[t]);
+    for (int64_t o = 0; o < head.shape[0]; ++o) {
+      for (int64_t i = 0; i < hidden; ++i) logits[t][o] += head(o, i) * x[i];
+      if (final_cap > 0) logits[t][o] = final_cap * std::tanh(logits[t][o] / final_cap);
+    }
+  }
+  return logits;
+}
+
+// The scalar loop for a config's architecture (Phi-3 through its split Llama twin).
+std::vector<Vec> loop_logits(const json& config, const Weights& w, const std::vector<int64_t>& ids) {
+  const std::string arch = arch_of(config);
+  if (arch == "GPT2LMHeadModel") return gpt2_loop(config, w, ids);
+  if (arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM") return gemma_loop(config, w, ids);
+  if (arch == "Phi3ForCausalLM") {
+    const auto [llama, llama_weights] = phi3_as_llama(config, w);
+    return llama_loop(llama, llama_weights, ids);
+  }
+  return llama_loop(config, w, ids);
+}
+
 // ---------------------------------------------------------------------------
 // Tests
 // ---------------------------------------------------------------------------
 
 TEST(ReferenceModels, MatchesScalarLoopImplementation) {
   for (const json& config : all_configs()) {
-    SCOPED_TRACE(config.at("architectures")[0].get<std::string>());
+    SCOPED_TRACE(arch_of(config));
     const Weights weights = amplified(reference_random_weights(config, 7), 12.0);
     const torch::Tensor ids = ids_for(config, 2, 6, 3);
     const torch::Tensor logits = reference_logits(config, weights, ids);
     ASSERT_EQ(logits.scalar_type(), torch::kFloat);
     ASSERT_EQ(logits.sizes().vec(), (std::vector<int64_t>{2, 6, config.at("vocab_size").get<int64_t>()}));
-    const bool gpt2 = config.at("model_type") == "gpt2";
     double max_err = 0.0, max_mag = 0.0;
     for (int64_t b = 0; b < 2; ++b) {
       std::vector<int64_t> seq_ids(ids[b].data_ptr<int64_t>(), ids[b].data_ptr<int64_t>() + 6);
-      const std::vector<Vec> expected = gpt2 ? gpt2_loop(config, weights, seq_ids) : llama_loop(config, weights, seq_ids);
+      const std::vector<Vec> expected = loop_logits(config, weights, seq_ids);
       const Arr got = arr(logits[b]);
       for (int64_t t = 0; t < 6; ++t) {
         for (int64_t o = 0; o < got.shape[1]; ++o) {
@@ -345,7 +577,7 @@ TEST(ReferenceModels, MatchesScalarLoopImplementation) {
 
 TEST(ReferenceModels, IsCausal) {
   for (const json& config : all_configs()) {
-    SCOPED_TRACE(config.at("architectures")[0].get<std::string>());
+    SCOPED_TRACE(arch_of(config));
     const int64_t vocab = config.at("vocab_size");
     const Weights weights = amplified(reference_random_weights(config, 11), 5.0);
     const torch::Tensor ids = ids_for(config, 2, 8, 5);
@@ -396,8 +628,8 @@ TEST(ReferenceModels, GqaEqualsRepeatedKvHeads) {
 }
 
 TEST(ReferenceModels, TiedHeadUsesEmbeddingMatrix) {
-  for (const json& config : {llama_config(), gpt2_config()}) {
-    SCOPED_TRACE(config.at("architectures")[0].get<std::string>());
+  for (const json& config : {llama_config(), qwen3_config(), gemma2_config(), gpt2_config()}) {
+    SCOPED_TRACE(arch_of(config));
     const bool gpt2 = config.at("model_type") == "gpt2";
     const std::string emb_name = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
     Weights weights = reference_random_weights(config, 4);
@@ -541,6 +773,16 @@ TEST(ReferenceModels, DispatchAndArchitectureVariants) {
   const json gpt2 = gpt2_config();
   const Weights gw = reference_random_weights(gpt2, 2);
   EXPECT_TRUE(torch::equal(reference_logits(gpt2, gw, ids), reference_gpt2_logits(gpt2, gw, ids)));
+  for (const json& c : {qwen3_config(), phi3_config()}) {
+    const Weights cw = reference_random_weights(c, 2);
+    EXPECT_TRUE(torch::equal(reference_logits(c, cw, ids), reference_llama_logits(c, cw, ids))) << arch_of(c);
+    EXPECT_THROW(reference_gemma_logits(c, cw, ids), std::runtime_error) << arch_of(c);
+  }
+  for (const json& c : {gemma2_config(), gemma3_config()}) {
+    const Weights cw = reference_random_weights(c, 2);
+    EXPECT_TRUE(torch::equal(reference_logits(c, cw, ids), reference_gemma_logits(c, cw, ids))) << arch_of(c);
+    EXPECT_THROW(reference_llama_logits(c, cw, ids), std::runtime_error) << arch_of(c);
+  }
 
   // Qwen2: q/k/v biased, o_proj and MLP not, whatever attention_bias / mlp_bias say.
   json qwen = qwen2_config();
@@ -586,16 +828,18 @@ TEST(ReferenceModels, RandomWeightsAreSeededAndNormsNotTrivial) {
 }
 
 TEST(ReferenceModels, Bf16WeightsGiveFloatLogitsCloseToFp32) {
-  const json config = qwen2_config();
-  const Weights w32 = amplified(reference_random_weights(config, 8), 5.0);
-  Weights w16;
-  for (const auto& [name, t] : w32) w16[name] = t.to(torch::kBFloat16);
-  const torch::Tensor ids = ids_for(config, 1, 6, 2);
-  const torch::Tensor l16 = reference_logits(config, w16, ids);
-  EXPECT_EQ(l16.scalar_type(), torch::kFloat);
-  const torch::Tensor l32 = reference_logits(config, w32, ids);
-  EXPECT_LT(max_abs_diff(l16, l32), 0.1 * std::max(1.0, l32.abs().max().item<double>()));
-  EXPECT_GT(max_abs_diff(l16, l32), 0.0);  // really computed in bf16
+  for (const json& config : {qwen2_config(), qwen3_config(), phi3_config(), gemma2_config(), gemma3_config()}) {
+    SCOPED_TRACE(arch_of(config));
+    const Weights w32 = amplified(reference_random_weights(config, 8), 5.0);
+    Weights w16;
+    for (const auto& [name, t] : w32) w16[name] = t.to(torch::kBFloat16);
+    const torch::Tensor ids = ids_for(config, 1, 6, 2);
+    const torch::Tensor l16 = reference_logits(config, w16, ids);
+    EXPECT_EQ(l16.scalar_type(), torch::kFloat);
+    const torch::Tensor l32 = reference_logits(config, w32, ids);
+    EXPECT_LT(max_abs_diff(l16, l32), 0.1 * std::max(1.0, l32.abs().max().item<double>()));
+    EXPECT_GT(max_abs_diff(l16, l32), 0.0);  // really computed in bf16
+  }
 }
 
 // A sliding window of 2 over 2 layers: position t reads tokens t - 2 .. t only,
@@ -670,6 +914,515 @@ TEST(ReferenceModels, RejectsUnsupportedConfigsAndBadWeights) {
   EXPECT_NO_THROW(reference_logits(llama_config(), bad, ids));
   // Token ids out of range.
   throws(llama_config(), lw, torch::tensor({{0, 23}}, torch::kLong));
+}
+
+
+// ---------------------------------------------------------------------------
+// Qwen3, Phi-3, Gemma 2 / 3, longrope
+// ---------------------------------------------------------------------------
+
+// Copies t with rows [head * dim, (head + 1) * dim) multiplied by factor.
+torch::Tensor scale_head_rows(const torch::Tensor& t, int64_t head, int64_t dim, double factor) {
+  torch::Tensor out = t.clone();
+  out.narrow(0, head * dim, dim).mul_(factor);
+  return out;
+}
+
+// Qwen3 RMS-normalizes every q / k head on its own: scaling one query head's
+// q_proj rows (weight and bias) or one kv head's k_proj rows changes nothing,
+// while the same scaling changes the model without the norms (Llama).
+TEST(ReferenceModels, Qwen3QkNormMakesEachHeadScaleFree) {
+  json qwen3 = qwen3_config();  // 4 heads, 2 kv heads, head_dim 6, biased
+  qwen3["rms_norm_eps"] = 1e-10;
+  const Weights w = amplified(reference_random_weights(qwen3, 19), 10.0);
+  auto rescaled = [](const Weights& base) {
+    Weights out = base;
+    for (int64_t l = 0; l < 2; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".self_attn.";
+      for (const std::string kind : {"weight", "bias"}) {
+        out[pre + "q_proj." + kind] = scale_head_rows(base.at(pre + "q_proj." + kind), 1, 6, 3.0);
+        out[pre + "k_proj." + kind] = scale_head_rows(base.at(pre + "k_proj." + kind), 0, 6, 0.25);
+      }
+    }
+    return out;
+  };
+  const torch::Tensor ids = ids_for(qwen3, 2, 6, 8);
+  const torch::Tensor base = reference_logits(qwen3, w, ids);
+  EXPECT_GT(max_abs(base), 0.5);
+  EXPECT_LT(max_abs_diff(reference_logits(qwen3, rescaled(w), ids), base), 1e-5 * std::max(1.0, max_abs(base)));
+
+  json llama = qwen3;
+  llama["architectures"] = {"LlamaForCausalLM"};
+  llama["model_type"] = "llama";
+  Weights no_norms = w;
+  for (int64_t l = 0; l < 2; ++l) {
+    no_norms.erase("model.layers." + std::to_string(l) + ".self_attn.q_norm.weight");
+    no_norms.erase("model.layers." + std::to_string(l) + ".self_attn.k_norm.weight");
+  }
+  EXPECT_GT(max_abs_diff(reference_logits(llama, rescaled(no_norms), ids), reference_logits(llama, no_norms, ids)),
+            1e-3);
+  // The norm weights themselves matter.
+  Weights doubled = w;
+  doubled["model.layers.0.self_attn.q_norm.weight"] = w.at("model.layers.0.self_attn.q_norm.weight") * 2.0;
+  EXPECT_GT(max_abs_diff(reference_logits(qwen3, doubled, ids), base), 1e-3);
+}
+
+// One Qwen3 layer, one head, unit norms, q_proj = 2 I, k / v / o identities and a
+// zero MLP, computed by hand: q and k are RMS-normalized per head before the
+// rotary, so the factor 2 on q drops out (it would double a Llama model's scores).
+TEST(ReferenceModels, Qwen3OneLayerClosedForm) {
+  const double eps = 1e-6, theta = 100.0;  // inv_freq = {1, 0.1}
+  json config = {{"architectures", {"Qwen3ForCausalLM"}},
+                 {"vocab_size", 4},
+                 {"hidden_size", 4},
+                 {"intermediate_size", 3},
+                 {"num_hidden_layers", 1},
+                 {"num_attention_heads", 1},
+                 {"num_key_value_heads", 1},
+                 {"head_dim", 4},
+                 {"rms_norm_eps", eps},
+                 {"rope_theta", theta},
+                 {"tie_word_embeddings", false}};
+  Weights w = reference_random_weights(config, 1);
+  const torch::Tensor eye = torch::eye(4);
+  w["model.layers.0.self_attn.q_proj.weight"] = eye * 2.0;
+  for (const char* name : {"k_proj", "v_proj", "o_proj"}) {
+    w[std::string("model.layers.0.self_attn.") + name + ".weight"] = eye.clone();
+  }
+  w["model.layers.0.mlp.down_proj.weight"] = torch::zeros({4, 3});
+  for (const char* name : {"model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+                           "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+                           "model.norm.weight"}) {
+    w[name] = torch::ones({4});
+  }
+  w["lm_head.weight"] = eye.clone();
+  const std::vector<Vec> e = {{1.0, 2.0, -1.0, 0.5}, {0.3, -1.0, 2.0, 1.0}};
+  w["model.embed_tokens.weight"] =
+      torch::tensor({1.0, 2.0, -1.0, 0.5, 0.3, -1.0, 2.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0}, torch::kFloat)
+          .reshape({4, 4});
+
+  auto rms = [&](const Vec& x) {
+    double ms = 0.0;
+    for (double v : x) ms += v * v / x.size();
+    Vec y;
+    for (double v : x) y.push_back(v / std::sqrt(ms + eps));
+    return y;
+  };
+  auto times = [](const Vec& x, double f) {
+    Vec y;
+    for (double v : x) y.push_back(v * f);
+    return y;
+  };
+  // Rotate-half rotary at position 1: pairs (0, 2) and (1, 3) turn by 1 and 0.1.
+  auto rotate = [](const Vec& x) {
+    const double c0 = std::cos(1.0), s0 = std::sin(1.0), c1 = std::cos(0.1), s1 = std::sin(0.1);
+    return Vec{x[0] * c0 - x[2] * s0, x[1] * c1 - x[3] * s1, x[2] * c0 + x[0] * s0, x[3] * c1 + x[1] * s1};
+  };
+  auto dot = [](const Vec& a, const Vec& b) { return a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]; };
+  auto expected_logits = [&](bool qk_norm) {
+    const Vec x0 = rms(e[0]), x1 = rms(e[1]);
+    const Vec q1 = rotate(qk_norm ? rms(times(x1, 2.0)) : times(x1, 2.0));
+    const Vec k0 = qk_norm ? rms(x0) : x0, k1 = rotate(qk_norm ? rms(x1) : x1);
+    const double a = dot(q1, k0) / 2.0, b = dot(q1, k1) / 2.0;  // scaling 1 / sqrt(4)
+    const double p0 = std::exp(a) / (std::exp(a) + std::exp(b)), p1 = 1.0 - p0;
+    Vec h0(4), h1(4);
+    for (int i = 0; i < 4; ++i) {
+      h0[i] = e[0][i] + x0[i];
+      h1[i] = e[1][i] + p0 * x0[i] + p1 * x1[i];
+    }
+    const Vec l0 = rms(h0), l1 = rms(h1);
+    return torch::tensor({l0[0], l0[1], l0[2], l0[3], l1[0], l1[1], l1[2], l1[3]}, torch::kDouble).reshape({1, 2, 4});
+  };
+  const torch::Tensor logits = reference_logits(config, w, torch::tensor({{0, 1}}, torch::kLong)).to(torch::kDouble);
+  EXPECT_LT(max_abs_diff(logits, expected_logits(true)), 1e-5);
+  EXPECT_GT(max_abs_diff(expected_logits(true), expected_logits(false)), 1e-2);
+}
+
+// Phi-3's fused qkv_proj / gate_up_proj equal a Llama model with the rows split
+// q | k | v and gate | up, and with a sliding window a Mistral one.
+TEST(ReferenceModels, Phi3EqualsLlamaWithSplitFusedWeights) {
+  std::vector<torch::Tensor> by_window;
+  for (const json& window : {json(nullptr), json(2)}) {
+    json phi3 = phi3_config();  // 4 heads of 4, 2 kv heads, intermediate 20
+    phi3["sliding_window"] = window;
+    SCOPED_TRACE(phi3.dump());
+    const Weights w = amplified(reference_random_weights(phi3, 13), 8.0);
+    const torch::Tensor ids = ids_for(phi3, 2, 7, 4);
+    const torch::Tensor logits = reference_logits(phi3, w, ids);
+    const auto [llama, llama_weights] = phi3_as_llama(phi3, w);
+    const torch::Tensor expected = reference_logits(llama, llama_weights, ids);
+    EXPECT_GT(max_abs(expected), 0.5);
+    EXPECT_LT(max_abs_diff(logits, expected), 1e-6 * std::max(1.0, max_abs(expected)));
+    by_window.push_back(logits);
+
+    // The other row orders must not match: q | v | k, and up | gate.
+    Weights swapped_kv = w, swapped_mlp = w;
+    for (int64_t l = 0; l < 2; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".";
+      const torch::Tensor qkv = w.at(pre + "self_attn.qkv_proj.weight");
+      swapped_kv[pre + "self_attn.qkv_proj.weight"] =
+          torch::cat({qkv.narrow(0, 0, 16), qkv.narrow(0, 24, 8), qkv.narrow(0, 16, 8)});
+      const torch::Tensor gate_up = w.at(pre + "mlp.gate_up_proj.weight");
+      swapped_mlp[pre + "mlp.gate_up_proj.weight"] = torch::cat({gate_up.narrow(0, 20, 20), gate_up.narrow(0, 0, 20)});
+    }
+    EXPECT_GT(max_abs_diff(reference_logits(phi3, swapped_kv, ids), expected), 1e-3);
+    EXPECT_GT(max_abs_diff(reference_logits(phi3, swapped_mlp, ids), expected), 1e-3);
+  }
+  EXPECT_GT(max_abs_diff(by_window[0], by_window[1]), 1e-3);  // the window is applied
+}
+
+// longrope on Phi-3: the top-level original_max_position_embeddings (6) wins over
+// rope_scaling's (100); up to 6 tokens use short_factor, 7 use long_factor; the
+// default attention factor is sqrt(1 + ln(max / original) / ln(original)).
+TEST(ReferenceModels, Phi3LongropeSelectsFactorsBySequenceLength) {
+  json phi3 = phi3_config();  // head_dim 4: two frequencies
+  phi3["max_position_embeddings"] = 48;
+  phi3["original_max_position_embeddings"] = 6;
+  phi3["rope_scaling"] = {{"type", "longrope"},
+                          {"short_factor", {1.0, 1.0}},
+                          {"long_factor", {2.0, 2.0}},
+                          {"original_max_position_embeddings", 100},
+                          {"attention_factor", 1.0}};
+  json plain = phi3;
+  plain["rope_scaling"] = nullptr;
+  const Weights w = amplified(reference_random_weights(phi3, 17), 8.0);
+  const auto [llama, llama_weights] = phi3_as_llama(plain, w);
+  json llama_linear2 = llama;  // what long factors of 2 amount to
+  llama_linear2["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+
+  const torch::Tensor ids7 = ids_for(phi3, 1, 7, 2), ids6 = ids7.narrow(1, 0, 6);
+  const torch::Tensor short6 = reference_logits(phi3, w, ids6), long7 = reference_logits(phi3, w, ids7);
+  EXPECT_LT(max_abs_diff(short6, reference_logits(plain, w, ids6)), 1e-5);
+  EXPECT_LT(max_abs_diff(long7, reference_logits(llama_linear2, llama_weights, ids7)), 1e-5);
+  EXPECT_GT(max_abs_diff(long7, reference_logits(plain, w, ids7)), 1e-3);
+  // Legacy "su" is longrope too.
+  json su = phi3;
+  su["rope_scaling"]["type"] = "su";
+  EXPECT_TRUE(torch::equal(reference_logits(su, w, ids7), long7));
+
+  // Default attention factor a scales cos and sin, i.e. q and k: every score by a^2.
+  json default_factor = phi3;
+  default_factor["rope_scaling"].erase("attention_factor");
+  const double a = std::sqrt(1 + std::log(48.0 / 6.0) / std::log(6.0));
+  Weights scaled = llama_weights;
+  for (int64_t l = 0; l < 2; ++l) {
+    for (const char* proj : {"q_proj", "k_proj"}) {
+      const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + proj + ".weight";
+      scaled[name] = llama_weights.at(name) * a;
+    }
+  }
+  const torch::Tensor expected = reference_logits(llama, scaled, ids6);
+  EXPECT_LT(max_abs_diff(reference_logits(default_factor, w, ids6), expected), 1e-5 * std::max(1.0, max_abs(expected)));
+  EXPECT_GT(max_abs_diff(expected, short6), 1e-3);
+}
+
+// reference_rope's longrope against the closed form, for a 6-dim head (3 frequencies).
+TEST(ReferenceModels, LongropeClosedForm) {
+  const std::vector<double> short_factor = {1.0, 2.0, 4.0}, long_factor = {8.0, 16.0, 32.0};
+  const json rs = {{"rope_type", "longrope"},
+                   {"short_factor", short_factor},
+                   {"long_factor", long_factor},
+                   {"original_max_position_embeddings", 16}};
+  const double theta = 100.0;
+  for (int64_t seq : {1, 16, 17, 100}) {
+    SCOPED_TRACE(seq);
+    const RopeReference r = reference_rope(rs, theta, 6, 64, seq);
+    ASSERT_EQ(r.inv_freq.size(), 3u);
+    const std::vector<double>& ext = seq > 16 ? long_factor : short_factor;
+    for (int i = 0; i < 3; ++i) {
+      const double expected = 1.0 / (ext[i] * std::pow(theta, 2.0 * i / 6.0));
+      EXPECT_NEAR(r.inv_freq[i], expected, 1e-14 * expected) << i;
+    }
+    // factor = 64 / 16 = 4: sqrt(1 + ln 4 / ln 16) = sqrt(1.5).
+    EXPECT_NEAR(r.attention_factor, std::sqrt(1.5), 1e-12);
+  }
+  json given = rs;
+  given["attention_factor"] = 0.7;
+  EXPECT_DOUBLE_EQ(reference_rope(given, theta, 6, 64, 1).attention_factor, 0.7);
+  EXPECT_DOUBLE_EQ(reference_rope(rs, theta, 6, 16, 1).attention_factor, 1.0);  // factor 1: no scaling
+  // Without original_max_position_embeddings: original = max_positions, factor from the key.
+  json bare = rs;
+  bare.erase("original_max_position_embeddings");
+  bare["factor"] = 4.0;
+  EXPECT_NEAR(reference_rope(bare, theta, 6, 64, 1).attention_factor, std::sqrt(1 + std::log(4.0) / std::log(64.0)),
+              1e-12);
+  EXPECT_NEAR(reference_rope(bare, theta, 6, 64, 64).inv_freq[2], 1.0 / (4.0 * std::pow(100.0, 2.0 / 3)),
+              1e-14);
+  EXPECT_NEAR(reference_rope(bare, theta, 6, 64, 65).inv_freq[2], 1.0 / (32.0 * std::pow(100.0, 2.0 / 3)),
+              1e-14);
+
+  json given_factor = rs;
+  given_factor["factor"] = 2.0;  // wins over max / original = 4
+  EXPECT_NEAR(reference_rope(given_factor, theta, 6, 64, 1).attention_factor,
+              std::sqrt(1 + std::log(2.0) / std::log(16.0)), 1e-12);
+  json short_list = rs;
+  short_list["short_factor"] = {1.0, 2.0};
+  EXPECT_THROW(reference_rope(short_list, theta, 6, 64, 1), std::runtime_error);
+  EXPECT_THROW(reference_rope(short_list, theta, 6, 64, 17), std::runtime_error);  // both lists are checked
+  json no_long = rs;
+  no_long.erase("long_factor");
+  EXPECT_THROW(reference_rope(no_long, theta, 6, 64, 1), std::runtime_error);
+  EXPECT_THROW(reference_rope(json{{"rope_type", "su"}}, theta, 6, 64, 1), std::runtime_error);
+}
+
+// Zero layers: logits = lm_head(GemmaNorm(embedding * sqrt(hidden))), in closed form;
+// eps is large enough that the embedding scale shows through the norm.
+TEST(ReferenceModels, GemmaEmbeddingScaleAndNormClosedForm) {
+  for (const char* arch : {"Gemma2ForCausalLM", "Gemma3ForCausalLM"}) {
+    SCOPED_TRACE(arch);
+    json config = {{"architectures", {arch}},  {"vocab_size", 3},        {"hidden_size", 2},
+                   {"intermediate_size", 2},   {"num_hidden_layers", 0}, {"num_attention_heads", 1},
+                   {"num_key_value_heads", 1}, {"head_dim", 2},          {"rms_norm_eps", 0.25},
+                   {"final_logit_softcapping", nullptr},                 {"tie_word_embeddings", false}};
+    Weights w;
+    w["model.embed_tokens.weight"] = torch::tensor({{3.0f, 4.0f}, {1.0f, -1.0f}, {0.0f, 2.0f}});
+    w["model.norm.weight"] = torch::tensor({1.0f, -0.5f});  // multiplies by (2, 0.5)
+    w["lm_head.weight"] = torch::tensor({{1.0f, 0.0f}, {0.0f, 1.0f}, {1.0f, 1.0f}});
+    const torch::Tensor logits = reference_logits(config, w, torch::tensor({{0, 1}}, torch::kLong));
+    auto expected = [](double scale) {
+      // Token 0: mean(x^2) = 12.5 scale^2; token 1: mean(x^2) = scale^2.
+      const double r0 = scale / std::sqrt(12.5 * scale * scale + 0.25), r1 = scale / std::sqrt(scale * scale + 0.25);
+      return torch::tensor({{{2 * 3 * r0, 0.5 * 4 * r0, 2 * 3 * r0 + 0.5 * 4 * r0},
+                             {2 * 1 * r1, -0.5 * r1, 2 * r1 - 0.5 * r1}}},
+                           torch::kDouble);
+    };
+    EXPECT_LT(max_abs_diff(logits.to(torch::kDouble), expected(std::sqrt(2.0))), 1e-6);
+    EXPECT_GT(max_abs_diff(expected(std::sqrt(2.0)), expected(1.0)), 1e-3);  // the scale is visible
+  }
+}
+
+// Final logits are cap * tanh(raw / cap); attention scores are capped too (a huge
+// cap is no cap); absent keys mean Gemma 2's 50 / 30 and Gemma 3's none.
+TEST(ReferenceModels, GemmaSoftCapping) {
+  json capped = gemma2_config();
+  capped["final_logit_softcapping"] = 1.5;
+  json raw = capped;
+  raw["final_logit_softcapping"] = nullptr;
+  const Weights w = amplified(reference_random_weights(capped, 23), 12.0);
+  const torch::Tensor ids = ids_for(capped, 2, 6, 1);
+  const torch::Tensor l_raw = reference_logits(raw, w, ids), l_cap = reference_logits(capped, w, ids);
+  EXPECT_GT(max_abs(l_raw), 1.5);  // the cap bites
+  EXPECT_LT(max_abs(l_cap), 1.5);
+  EXPECT_LT(max_abs_diff(l_cap, torch::tanh(l_raw / 1.5) * 1.5), 1e-5);
+
+  json huge = raw, none = raw, small = raw;
+  huge["attn_logit_softcapping"] = 1e9;
+  none["attn_logit_softcapping"] = nullptr;
+  small["attn_logit_softcapping"] = 0.5;
+  const torch::Tensor l_none = reference_logits(none, w, ids);
+  EXPECT_LT(max_abs_diff(reference_logits(huge, w, ids), l_none), 1e-5);
+  EXPECT_GT(max_abs_diff(reference_logits(small, w, ids), l_none), 1e-3);
+  EXPECT_GT(max_abs_diff(l_raw, l_none), 1e-3);  // gemma2_config's cap of 2 bites as well
+
+  json g2_default = gemma2_config(), g2_explicit = gemma2_config();
+  g2_default.erase("attn_logit_softcapping");
+  g2_default.erase("final_logit_softcapping");
+  g2_explicit["attn_logit_softcapping"] = 50.0;
+  g2_explicit["final_logit_softcapping"] = 30.0;
+  EXPECT_TRUE(torch::equal(reference_logits(g2_default, w, ids), reference_logits(g2_explicit, w, ids)));
+  json g3_default = gemma3_config();
+  g3_default.erase("attn_logit_softcapping");
+  g3_default.erase("final_logit_softcapping");
+  const Weights w3 = amplified(reference_random_weights(g3_default, 23), 12.0);
+  EXPECT_TRUE(torch::equal(reference_logits(g3_default, w3, ids), reference_logits(gemma3_config(), w3, ids)));
+}
+
+// A model whose only layer slides (Gemma 2's layer 0 by default, Gemma 3's by its
+// default pattern of 6) with window 3 lets position t read tokens t - 2 .. t; made
+// full, position 7 reads token 0 again.
+TEST(ReferenceModels, GemmaSlidingLayersHideDistantTokens) {
+  for (json config : {gemma2_config(), gemma3_config()}) {
+    SCOPED_TRACE(arch_of(config));
+    config["num_hidden_layers"] = 1;
+    config.erase("layer_types");
+    const Weights w = amplified(reference_random_weights(config, 29), 5.0);
+    torch::manual_seed(4);
+    const torch::Tensor ids = torch::randint(1, config["vocab_size"].get<int64_t>(), {1, 8}, torch::kLong);
+    torch::Tensor other = ids.clone();
+    other[0][0] = 0;
+    const torch::Tensor a = reference_logits(config, w, ids), b = reference_logits(config, w, other);
+    EXPECT_GT(max_abs_diff(a.narrow(1, 2, 1), b.narrow(1, 2, 1)), 1e-4);
+    EXPECT_EQ(max_abs_diff(a.narrow(1, 3, 5), b.narrow(1, 3, 5)), 0.0);
+    config["layer_types"] = {"full_attention"};
+    EXPECT_GT(max_abs_diff(reference_logits(config, w, ids).narrow(1, 7, 1),
+                           reference_logits(config, w, other).narrow(1, 7, 1)),
+              1e-4);
+  }
+}
+
+// Without layer_types Gemma 2 alternates sliding / full from layer 0 and Gemma 3
+// makes every sliding_window_pattern-th layer full.
+TEST(ReferenceModels, GemmaDefaultLayerTypes) {
+  const std::string s = "sliding_attention", f = "full_attention";
+  struct Case {
+    json config;
+    std::vector<std::string> expected, other;
+  };
+  json g2 = gemma2_config(), g3 = gemma3_config(), g3_pattern2 = gemma3_config();
+  g2["num_hidden_layers"] = 4;
+  g3["num_hidden_layers"] = 7;
+  g3_pattern2["num_hidden_layers"] = 4;
+  g3_pattern2["sliding_window_pattern"] = 2;
+  const std::vector<Case> cases = {{g2, {s, f, s, f}, {f, s, f, s}},
+                                   {g3, {s, s, s, s, s, f, s}, {s, s, s, s, s, s, s}},
+                                   {g3_pattern2, {s, f, s, f}, {s, s, s, s}}};
+  for (Case c : cases) {
+    SCOPED_TRACE(c.config.dump());
+    c.config.erase("layer_types");
+    const Weights w = amplified(reference_random_weights(c.config, 31), 5.0);
+    const torch::Tensor ids = ids_for(c.config, 1, 9, 3);
+    json expected = c.config, other = c.config;
+    expected["layer_types"] = c.expected;
+    other["layer_types"] = c.other;
+    const torch::Tensor logits = reference_logits(c.config, w, ids);
+    EXPECT_TRUE(torch::equal(logits, reference_logits(expected, w, ids)));
+    EXPECT_GT(max_abs_diff(logits, reference_logits(other, w, ids)), 1e-4);
+  }
+}
+
+// Gemma 3's sliding layers rotate with rope_local_base_freq, its full layers with
+// rope_theta and rope_scaling; with the window beyond the sequence nothing else
+// tells the two layer types apart.
+TEST(ReferenceModels, Gemma3SlidingLayersUseLocalRopeBase) {
+  json sliding = gemma3_config();
+  sliding["sliding_window"] = 64;
+  sliding["layer_types"] = {"sliding_attention", "sliding_attention"};
+  json full = sliding;
+  full["layer_types"] = {"full_attention", "full_attention"};
+  const Weights w = amplified(reference_random_weights(sliding, 37), 8.0);
+  const torch::Tensor ids = ids_for(sliding, 1, 8, 6);
+  auto with = [&](json config, const char* key, const json& value) {
+    config[key] = value;
+    return reference_logits(config, w, ids);
+  };
+  const torch::Tensor s_base = reference_logits(sliding, w, ids), f_base = reference_logits(full, w, ids);
+  EXPECT_EQ(max_abs_diff(with(sliding, "rope_theta", 77.0), s_base), 0.0);
+  EXPECT_EQ(max_abs_diff(with(sliding, "rope_scaling", nullptr), s_base), 0.0);
+  EXPECT_GT(max_abs_diff(with(sliding, "rope_local_base_freq", 77.0), s_base), 1e-4);
+  EXPECT_EQ(max_abs_diff(with(full, "rope_local_base_freq", 77.0), f_base), 0.0);
+  EXPECT_GT(max_abs_diff(with(full, "rope_theta", 77.0), f_base), 1e-4);
+  EXPECT_GT(max_abs_diff(with(full, "rope_scaling", nullptr), f_base), 1e-4);
+  json same_sliding = sliding, same_full = full;
+  for (json* c : {&same_sliding, &same_full}) {
+    (*c)["rope_local_base_freq"] = 1000.0;
+    (*c)["rope_scaling"] = nullptr;
+  }
+  EXPECT_TRUE(torch::equal(reference_logits(same_sliding, w, ids), reference_logits(same_full, w, ids)));
+}
+
+
+// Parameter names and shapes of the new architectures, the random init of their
+// norms, and the config defaults that decide shapes (Qwen3Config head_dim 128 and
+// num_key_value_heads 32; Gemma num_key_value_heads 4, head_dim 256; tying).
+TEST(ReferenceModels, NewArchitectureWeightsAndDefaults) {
+  auto shape = [](const Weights& w, const std::string& name) { return w.at(name).sizes().vec(); };
+  using Shape = std::vector<int64_t>;
+  const Weights qw = reference_random_weights(qwen3_config(), 3);
+  EXPECT_EQ(shape(qw, "model.layers.1.self_attn.q_norm.weight"), (Shape{6}));
+  EXPECT_EQ(shape(qw, "model.layers.1.self_attn.k_norm.weight"), (Shape{6}));
+  EXPECT_EQ(shape(qw, "model.layers.1.self_attn.q_proj.weight"), (Shape{24, 16}));
+  EXPECT_EQ(qw.count("model.layers.1.self_attn.o_proj.bias"), 1u);  // attention_bias: all four
+  EXPECT_EQ(qw.count("model.layers.1.mlp.up_proj.bias"), 0u);
+  EXPECT_EQ(qw.count("lm_head.weight"), 0u);
+  EXPECT_NEAR(qw.at("model.layers.0.self_attn.q_norm.weight").mean().item<double>(), 1.0, 0.2);
+  json qwen3 = qwen3_config();
+  qwen3.erase("head_dim");
+  qwen3.erase("num_key_value_heads");
+  qwen3["num_attention_heads"] = 64;
+  qwen3["attention_bias"] = false;
+  const Weights qd = reference_random_weights(qwen3, 3);
+  EXPECT_EQ(shape(qd, "model.layers.0.self_attn.q_proj.weight"), (Shape{64 * 128, 16}));
+  EXPECT_EQ(shape(qd, "model.layers.0.self_attn.k_proj.weight"), (Shape{32 * 128, 16}));
+  EXPECT_EQ(qd.count("model.layers.0.self_attn.q_proj.bias"), 0u);
+
+  const Weights pw = reference_random_weights(phi3_config(), 3);
+  EXPECT_EQ(shape(pw, "model.layers.0.self_attn.qkv_proj.weight"), (Shape{32, 16}));  // (4 + 2 * 2) * 4
+  EXPECT_EQ(shape(pw, "model.layers.0.self_attn.o_proj.weight"), (Shape{16, 16}));
+  EXPECT_EQ(shape(pw, "model.layers.0.mlp.gate_up_proj.weight"), (Shape{40, 16}));
+  EXPECT_EQ(shape(pw, "model.layers.0.mlp.down_proj.weight"), (Shape{16, 20}));
+  EXPECT_EQ(pw.count("model.layers.0.self_attn.q_proj.weight"), 0u);
+  EXPECT_EQ(pw.count("lm_head.weight"), 1u);
+  // Phi3Config's rms_norm_eps default is 1e-5.
+  json phi3_default_eps = phi3_config();
+  phi3_default_eps.erase("rms_norm_eps");
+  const torch::Tensor ids = torch::tensor({{1, 2, 3, 4}}, torch::kLong);
+  EXPECT_TRUE(torch::equal(reference_logits(phi3_default_eps, pw, ids), reference_logits(phi3_config(), pw, ids)));
+
+  const Weights g2 = reference_random_weights(gemma2_config(), 3);
+  for (const char* norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                           "post_feedforward_layernorm"}) {
+    const torch::Tensor t = g2.at(std::string("model.layers.1.") + norm + ".weight");
+    EXPECT_EQ(t.sizes().vec(), (Shape{16})) << norm;
+    EXPECT_NEAR(t.mean().item<double>(), 0.0, 0.1) << norm;  // Gemma adds the 1
+    EXPECT_GT(t.std().item<double>(), 0.02) << norm;
+  }
+  EXPECT_EQ(g2.count("model.layers.0.self_attn.q_norm.weight"), 0u);
+  EXPECT_EQ(g2.count("lm_head.weight"), 0u);
+  const Weights g3 = reference_random_weights(gemma3_config(), 3);
+  EXPECT_EQ(shape(g3, "model.layers.0.self_attn.q_norm.weight"), (Shape{8}));
+  EXPECT_NEAR(g3.at("model.norm.weight").mean().item<double>(), 0.0, 0.1);
+  EXPECT_EQ(shape(g3, "lm_head.weight"), (Shape{31, 16}));
+  json gemma = gemma2_config();
+  gemma.erase("head_dim");
+  gemma.erase("num_key_value_heads");
+  gemma.erase("tie_word_embeddings");
+  const Weights gd = reference_random_weights(gemma, 3);
+  EXPECT_EQ(shape(gd, "model.layers.0.self_attn.q_proj.weight"), (Shape{4 * 256, 16}));
+  EXPECT_EQ(shape(gd, "model.layers.0.self_attn.k_proj.weight"), (Shape{4 * 256, 16}));
+  EXPECT_EQ(gd.count("lm_head.weight"), 0u);
+}
+
+TEST(ReferenceModels, RejectsUnsupportedNewArchitectureConfigsAndBadWeights) {
+  const torch::Tensor ids = torch::tensor({{1, 2, 3}}, torch::kLong);
+  auto throws = [&](const json& config, const Weights& weights) {
+    EXPECT_THROW(reference_logits(config, weights, ids), std::runtime_error) << config.dump();
+  };
+  const Weights qw = reference_random_weights(qwen3_config(), 1), pw = reference_random_weights(phi3_config(), 1);
+  const Weights g2w = reference_random_weights(gemma2_config(), 1), g3w = reference_random_weights(gemma3_config(), 1);
+  auto with = [](json config, const char* key, const json& value) {
+    config[key] = value;
+    return config;
+  };
+  throws(with(qwen3_config(), "partial_rotary_factor", 0.5), qw);
+  throws(with(qwen3_config(), "hidden_act", "gelu"), qw);
+  throws(with(qwen3_config(), "rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000.0}}), qw);
+  throws(with(llama_config(), "rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000.0}}),
+         reference_random_weights(llama_config(), 1));
+  throws(with(phi3_config(), "partial_rotary_factor", 0.5), pw);
+  throws(with(phi3_config(), "rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}), pw);
+  throws(with(phi3_config(), "rope_scaling", {{"rope_type", "longrope"}, {"short_factor", {1.0, 1.0}}}), pw);
+  throws(with(phi3_config(), "rope_scaling",
+              {{"rope_type", "longrope"}, {"short_factor", {1.0, 1.0, 1.0}}, {"long_factor", {1.0, 1.0, 1.0}}}),
+         pw);
+  throws(with(gemma2_config(), "hidden_activation", "gelu"), g2w);
+  throws(with(gemma2_config(), "use_bidirectional_attention", true), g2w);
+  throws(with(gemma2_config(), "partial_rotary_factor", 0.5), g2w);
+  throws(with(gemma3_config(), "layer_types", {"sliding_attention"}), g3w);
+  throws(with(gemma3_config(), "layer_types", {"sliding_attention", "chunked_attention"}), g3w);
+  throws(with(gemma3_config(), "rope_scaling", {{"rope_type", "longrope"}}), g3w);
+  throws(with(gemma3_config(), "architectures", {"Gemma3ForConditionalGeneration"}), g3w);
+  throws(with(gemma3_config(), "rope_parameters",
+              {{"full_attention", {{"rope_type", "default"}}}, {"sliding_attention", {{"rope_type", "default"}}}}),
+         g3w);
+
+  // Weight validation: missing, misshapen, unexpected.
+  auto without = [](Weights w, const std::string& name) {
+    EXPECT_EQ(w.erase(name), 1u) << name;
+    return w;
+  };
+  auto replaced = [](Weights w, const std::string& name, const torch::Tensor& t) {
+    w[name] = t;
+    return w;
+  };
+  throws(qwen3_config(), without(qw, "model.layers.1.self_attn.k_norm.weight"));
+  throws(qwen3_config(), replaced(qw, "model.layers.0.self_attn.q_norm.weight", torch::ones({16})));
+  throws(phi3_config(), replaced(pw, "model.layers.0.self_attn.qkv_proj.weight", torch::zeros({48, 16})));
+  throws(phi3_config(), replaced(pw, "model.layers.0.mlp.gate_up_proj.weight", torch::zeros({20, 16})));
+  throws(phi3_config(), replaced(pw, "model.layers.0.self_attn.q_proj.weight", torch::zeros({16, 16})));
+  throws(gemma2_config(), replaced(g2w, "model.layers.0.self_attn.q_norm.weight", torch::zeros({8})));
+  throws(gemma3_config(), without(g3w, "model.layers.1.pre_feedforward_layernorm.weight"));
+  throws(gemma3_config(), without(g3w, "model.layers.0.self_attn.q_norm.weight"));
+  throws(gemma3_config(), without(g3w, "lm_head.weight"));
 }
 
 }  // namespace

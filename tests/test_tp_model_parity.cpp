@@ -94,6 +94,14 @@ std::vector<ParityCase> parity_cases() {
     cases.push_back({"llama_gqa_uneven_tp" + std::to_string(tp), "llama-tiny", json::object(), tp});
     cases.push_back({"llama_tied_tp" + std::to_string(tp), "llama-tiny-tied", json::object(), tp});
     cases.push_back({"gpt2_tp" + std::to_string(tp), "gpt2-tiny", json::object(), tp});
+    // Per-head q/k norms: replicated, their gradients summed over tp.
+    cases.push_back({"qwen3_head_norms_tp" + std::to_string(tp), "qwen3-tiny", json::object(), tp});
+    // Fused qkv_proj / gate_up_proj, each part split on its own.
+    cases.push_back({"phi3_fused_tp" + std::to_string(tp), "phi3-tiny", json::object(), tp});
+    // Sandwich norms, softcapping, alternating windows; Gemma 3's q/k norms and local rope.
+    cases.push_back({"gemma2_tp" + std::to_string(tp), "gemma2-tiny",
+                     {{"attn_logit_softcapping", 0.05}, {"final_logit_softcapping", 0.5}}, tp});
+    cases.push_back({"gemma3_tp" + std::to_string(tp), "gemma3-tiny", json::object(), tp});
   }
   cases.push_back({"qwen2_bias_tp3", "qwen2-tiny", json::object(), 3});
   cases.push_back({"llama_biases_tp3", "llama-tiny", {{"attention_bias", true}, {"mlp_bias", true}}, 3});

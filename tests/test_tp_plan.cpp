@@ -59,6 +59,31 @@ TEST(ShardMath, FusedQkvSplitsEachPartByHeads) {
   EXPECT_EQ(parts[0], (std::vector<Segment>{{0, 32}, {96, 32}, {192, 32}}));
 }
 
+// Phi-3 (6 heads, 2 kv heads of 16, intermediate 202) at tp 4: q by query heads
+// 2/2/1/1, k and v by the kv heads those read (rank 1 reads both), gate and up
+// each 51/51/50/50.
+TEST(ShardMath, Phi3FusedPartsSplitOnTheirOwn) {
+  auto c = config_of("phi3-tiny");
+  ASSERT_TRUE(c.fused_projections);
+  const int64_t q = 96, kv = 32;
+  auto qkv = axis_partition(c, Axis::kQkv, 4);
+  EXPECT_EQ(qkv[0], (std::vector<Segment>{{0, 32}, {q, 16}, {q + kv, 16}}));
+  EXPECT_EQ(qkv[1], (std::vector<Segment>{{32, 32}, {q, 32}, {q + kv, 32}}));
+  EXPECT_EQ(qkv[3], (std::vector<Segment>{{80, 16}, {q + 16, 16}, {q + kv + 16, 16}}));
+  auto gate_up = axis_partition(c, Axis::kGateUp, 4);
+  EXPECT_EQ(gate_up[0], (std::vector<Segment>{{0, 51}, {202, 51}}));
+  EXPECT_EQ(gate_up[3], (std::vector<Segment>{{152, 50}, {202 + 152, 50}}));
+  const TpPlan plan = plan_of(c, 4);
+  const PlanEntry& fused = plan.entry("model.layers.0.mlp.gate_up_proj.weight");
+  EXPECT_EQ(fused.role, TpRole::kColumn);
+  EXPECT_EQ(fused.spec.local_shape(2), (std::vector<int64_t>{100, 96}));
+  EXPECT_TRUE(plan.entry("model.layers.1.self_attn.qkv_proj.weight").spec.has_overlap());
+  EXPECT_EQ(plan.entry("model.layers.1.self_attn.o_proj.weight").role, TpRole::kRow);
+  // A user shape that is not [intermediate, intermediate] is refused.
+  EXPECT_THROW(plan_of(c, 2, PlanRules::kAuto, {{{".*gate_up_proj\\.weight"}, TpRole::kColumn, {101, 303}}}), UserError);
+  EXPECT_NO_THROW(plan_of(c, 2, PlanRules::kAuto, {{{".*gate_up_proj\\.weight"}, TpRole::kColumn, {202, 202}}}));
+}
+
 TEST(ShardSpec, SliceAndPlaceRoundTripWithOverlap) {
   auto c = config_of("llama-tiny");
   auto spec = ShardSpec::split({32, 5}, 0, axis_partition(c, Axis::kKvHeads, 4));
@@ -81,7 +106,8 @@ TEST(ShardSpec, SliceAndPlaceRoundTripWithOverlap) {
 }
 
 TEST(TpPlan, StructuralRulesAgreeWithNameRulesOnEveryArchitecture) {
-  for (const auto& preset : {"llama-tiny", "llama-tiny-tied", "qwen2-tiny", "mistral-tiny", "gpt2-tiny"}) {
+  for (const auto& preset :
+       {"llama-tiny", "llama-tiny-tied", "qwen2-tiny", "qwen3-tiny", "phi3-tiny", "mistral-tiny", "gpt2-tiny"}) {
     auto c = config_of(preset);
     for (int tp : {1, 2, 3, 4}) {
       if (tp > c.num_heads) continue;
@@ -94,6 +120,7 @@ TEST(TpPlan, StructuralRulesAgreeWithNameRulesOnEveryArchitecture) {
         EXPECT_EQ(a.role, b.role) << preset << " tp " << tp << " " << a.desc.name << ": " << a.source << " vs "
                                   << b.source;
         EXPECT_EQ(a.spec, b.spec) << preset << " " << a.desc.name;
+        EXPECT_EQ(a.partial_grad, b.partial_grad) << preset << " " << a.desc.name;
       }
     }
   }
@@ -147,6 +174,67 @@ TEST(TpPlan, UserPatternsOverrideAndAreValidated) {
                UserError);
 }
 
+// A config.json base_model_tp_plan in transformers 4.5x and 5 style names gives
+// the structural layout, says where each role came from, and refuses what autotp
+// does not do with the style named.
+TEST(TpPlan, HfPlanStylesOfBothTransformersGenerations) {
+  auto with_plan = [](const std::string& preset, json plan) {
+    return config_of(preset, {{"base_model_tp_plan", plan}});
+  };
+  // Phi-3's plan in transformers 4.5x; Qwen3's in 5 (gather_output head, norms with summed gradients).
+  const json phi3_plan = {{"layers.*.self_attn.qkv_proj", "colwise_rep"}, {"layers.*.self_attn.o_proj", "rowwise_rep"},
+                          {"layers.*.mlp.gate_up_proj", "colwise_rep"},  {"layers.*.mlp.down_proj", "rowwise_rep"},
+                          {"embed_tokens", "embedding_rowwise"},         {"lm_head", "colwise_gather_output"}};
+  const json qwen3_plan = {{"layers.*.self_attn.q_proj", "colwise"},
+                           {"layers.*.self_attn.k_proj", "colwise"},
+                           {"layers.*.self_attn.v_proj", "local_colwise"},
+                           {"layers.*.self_attn.q_norm", "replicated_with_grad_allreduce"},
+                           {"layers.*.self_attn.k_norm", "replicated_with_grad_allreduce"},
+                           {"layers.*.self_attn.o_proj", "rowwise_split_input"},
+                           {"layers.*.mlp.gate_proj", "colwise"},
+                           {"layers.*.mlp.up_proj", "packed_colwise"},
+                           {"layers.*.mlp.down_proj", "local_rowwise"},
+                           {"embed_tokens", "vocab"}};
+  for (const auto& [preset, hf] : {std::pair{"phi3-tiny", phi3_plan}, std::pair{"qwen3-tiny", qwen3_plan}}) {
+    const auto c = with_plan(preset, hf);
+    const TpPlan plan = plan_of(c, 3), structural = plan_of(c, 3, PlanRules::kStructural);
+    for (size_t i = 0; i < plan.entries().size(); ++i) {
+      const auto& a = plan.entries()[i];
+      EXPECT_EQ(a.spec, structural.entries()[i].spec) << preset << " " << a.desc.name << ": " << a.source;
+      EXPECT_EQ(a.partial_grad, structural.entries()[i].partial_grad) << a.desc.name;
+    }
+  }
+  const TpPlan qwen3 = plan_of(with_plan("qwen3-tiny", qwen3_plan), 2);
+  EXPECT_EQ(qwen3.entry("model.layers.0.self_attn.o_proj.weight").source,
+            "HF plan (config.json) 'layers.*.self_attn.o_proj': rowwise_split_input");
+  EXPECT_NE(plan_of(config_of("qwen3-tiny"), 2, PlanRules::kNames).entry("model.norm.weight").source.find(
+                "built-in HF-style plan"),
+            std::string::npos);
+  // Styles autotp does not do: one error naming the key and the style.
+  auto error_of = [&](const std::string& style) {
+    try {
+      plan_of(with_plan("llama-tiny", {{"layers.*.mlp.down_proj", style}, {"layers.*.mlp.up_proj", "colwise"},
+                                       {"layers.*.mlp.gate_proj", "colwise"}}),
+              2);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("sequence_parallel").find("base_model_tp_plan['layers.*.mlp.down_proj'] = 'sequence_parallel': "
+                                               "sequence parallelism is not implemented"),
+            std::string::npos)
+      << error_of("sequence_parallel");
+  EXPECT_NE(error_of("moe_tp_experts").find("mixture-of-experts"), std::string::npos);
+  EXPECT_NE(error_of("grouped_gemm").find("mixture-of-experts"), std::string::npos);
+  const std::string unknown = error_of("diagonal");
+  EXPECT_NE(unknown.find("'diagonal' is not a tensor-parallel style autotp knows (allowed: colwise, colwise_rep"),
+            std::string::npos)
+      << unknown;
+  EXPECT_NE(unknown.find("replicated_with_grad_allreduce"), std::string::npos);
+  EXPECT_NE(error_of("embedding_colwise").find("embedding_rowwise"), std::string::npos);
+}
+
 TEST(TpPlan, PartitionConfigParsing) {
   auto specs = parse_partition_config(
       json::parse(R"({"layer_specs": [{"patterns": [".*q_proj.*"], "partition_type": "column"}]})"));
@@ -183,6 +271,33 @@ TEST(TpPlan, TpLargerThanHeadsIsRejected) {
     EXPECT_NE(std::string(e.what()).find("autotp_size 7 exceeds num_attention_heads 6"), std::string::npos)
         << e.what();
   }
+}
+
+// Qwen3's per-head q/k norms stay whole on every rank; under split attention each
+// rank's gradient covers only its heads, so the plan marks them for a tp sum
+// (one whole all-reduce each per step), and only then.
+TEST(TpPlan, Qwen3HeadNormsAreReplicatedWithSummedGradients) {
+  const auto c = config_of("qwen3-tiny");
+  ASSERT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 20);
+  const std::string q_norm = "model.layers.1.self_attn.q_norm.weight", k_norm = "model.layers.0.self_attn.k_norm.weight";
+  const TpPlan three = plan_of(c, 3);
+  for (const auto& name : {q_norm, k_norm}) {
+    const PlanEntry& e = three.entry(name);
+    EXPECT_EQ(e.role, TpRole::kReplicated) << name;
+    EXPECT_EQ(e.desc.shape, (std::vector<int64_t>{20})) << name;
+    EXPECT_TRUE(e.partial_grad) << name;
+    EXPECT_NE(e.source.find("gradient summed over tp"), std::string::npos) << e.source;
+  }
+  EXPECT_FALSE(three.entry("model.layers.0.input_layernorm.weight").partial_grad);
+  EXPECT_FALSE(plan_of(c, 1).entry(q_norm).partial_grad);
+  // Attention of layer 0 kept whole by the user: its norms see every head.
+  const TpPlan whole = plan_of(c, 2, PlanRules::kAuto,
+                               {{{"model\\.layers\\.0\\.self_attn\\..*_proj\\.weight"}, TpRole::kReplicated, {}}});
+  EXPECT_FALSE(whole.entry("model.layers.0.self_attn.q_norm.weight").partial_grad);
+  EXPECT_TRUE(whole.entry(q_norm).partial_grad);
+  // 2 layers x 2 norms of 20 elements (tp 2: 3 query heads per rank read one kv head, nothing else shared).
+  EXPECT_EQ(tp_step_shape(plan_of(c, 2), c.num_layers).shared_numel, (std::vector<int64_t>(4, 20)));
 }
 
 TEST(TpPlan, RankBytesSumOverShards) {

@@ -131,12 +131,14 @@ struct TrainCase {
   int64_t gas;
   std::string optimizer = "AdamW";
   std::string recompute = "off";  // activation_checkpointing.mode
+  json overrides = json::object();  // merged into the preset's config.json
   std::string name() const {
     std::string p = preset;
     for (auto& ch : p)
       if (ch == '-') ch = '_';
     return p + "_w" + std::to_string(world) + "_tp" + std::to_string(tp) + "_z" + std::to_string(stage) + "_gas" +
-           std::to_string(gas) + "_" + optimizer + (recompute == "full" ? "_ckpt" : recompute == "selective" ? "_sel" : "");
+           std::to_string(gas) + "_" + optimizer + (recompute == "full" ? "_ckpt" : recompute == "selective" ? "_sel" : "") +
+           (overrides.empty() ? "" : "_dropout");
   }
 };
 void PrintTo(const TrainCase& c, std::ostream* os) { *os << c.name(); }
@@ -145,7 +147,7 @@ class TrainParity : public ::testing::TestWithParam<TrainCase> {};
 
 TEST_P(TrainParity, LossesAndWeightsMatchSingleRank) {
   const auto& c = GetParam();
-  json config = test::preset_config(c.preset);
+  json config = test::preset_config(c.preset, c.overrides);
   std::string dir =
       test::write_model_dir(test::make_temp_dir("train"), config, test::reference_random_weights(config, 21));
   auto result = test::run_workers("train_parity", c.world,
@@ -163,6 +165,25 @@ std::vector<TrainCase> train_cases() {
   cases.push_back({"gpt2-tiny", 4, 2, 1, 1});
   cases.push_back({"gpt2-tiny", 4, 2, 3, 2});
   cases.push_back({"llama-tiny-tied", 4, 4, 2, 1});
+  // Qwen3's q/k norms (gradients summed over tp) at every stage, tp 2-4.
+  cases.push_back({"qwen3-tiny", 4, 2, 0, 2});
+  cases.push_back({"qwen3-tiny", 4, 2, 1, 1});
+  cases.push_back({"qwen3-tiny", 4, 4, 2, 1});
+  cases.push_back({"qwen3-tiny", 3, 3, 3, 1});
+  // Phi-3's fused projections.
+  cases.push_back({"phi3-tiny", 4, 4, 1, 1});
+  cases.push_back({"phi3-tiny", 3, 3, 2, 1});
+  cases.push_back({"phi3-tiny", 4, 2, 3, 2});
+  // Gemma 2 (softcapping, sandwich norms) and Gemma 3 (q/k norms, local rope).
+  cases.push_back({"gemma2-tiny", 4, 2, 1, 2});
+  cases.push_back({"gemma3-tiny", 3, 3, 3, 1});
+  // Dropout: masks drawn from global coordinates, so every layout trains as one rank
+  // does; recomputation draws the same masks again.
+  const json gpt2_dropout = {{"attn_pdrop", 0.1}, {"resid_pdrop", 0.2}, {"embd_pdrop", 0.3}};
+  cases.push_back({"gpt2-tiny", 4, 2, 1, 2, "AdamW", "off", gpt2_dropout});
+  cases.push_back({"gpt2-tiny", 3, 3, 3, 1, "AdamW", "full", gpt2_dropout});
+  cases.push_back({"llama-tiny", 4, 4, 2, 1, "AdamW", "selective", {{"attention_dropout", 0.2}}});
+  cases.push_back({"phi3-tiny", 4, 2, 0, 1, "AdamW", "off", {{"attention_dropout", 0.1}, {"resid_pdrop", 0.2}}});
   cases.push_back({"llama-tiny", 2, 2, 0, 1, "SGD"});
   cases.push_back({"llama-tiny", 4, 1, 1, 1, "SGD"});
   cases.push_back({"llama-tiny", 4, 2, 1, 1, "Adam"});

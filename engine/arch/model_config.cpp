@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "autotp/base/error.h"
@@ -32,33 +33,64 @@ void reject_if_set(const json& j, const char* key, const std::string& source, co
     throw_user_error("{}: '{}' is not supported by autotp ({})", source, key, why);
 }
 
+// `layer_types` (transformers 5): sliding_attention or full_attention per layer.
+bool parse_layer_types(const json& j, const std::string& source, int64_t window, ModelConfig& c) {
+  if (!j.contains("layer_types") || j["layer_types"].is_null()) return false;
+  const json& types = j["layer_types"];
+  AUTOTP_USER_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers,
+                    "{}: layer_types must list num_hidden_layers ({}) entries", source, c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string type = types[l].is_string() ? types[l].get<std::string>() : types[l].dump();
+    AUTOTP_USER_CHECK(type == "sliding_attention" || type == "full_attention",
+                      "{}: layer_types[{}] is '{}' (allowed: sliding_attention, full_attention)", source, l, type);
+    if (type == "sliding_attention") c.layer_sliding_window[l] = window;
+  }
+  return true;
+}
+
+// Gemma 2 and 3: sliding layers alternate with global ones, as layer_types says,
+// else every `pattern`-th layer is global (Gemma 2: 2, every odd layer; Gemma 3:
+// sliding_window_pattern, default 6).
+void parse_gemma_sliding_window(const json& j, const std::string& source, ModelConfig& c) {
+  const json given = j.value("sliding_window", json(4096));
+  AUTOTP_USER_CHECK(given.is_number_integer() && given.get<int64_t>() > 0,
+                    "{}: sliding_window must be a positive integer, got {}", source, given.dump());
+  const int64_t window = given.get<int64_t>();
+  c.layer_sliding_window.assign(c.num_layers, 0);
+  if (parse_layer_types(j, source, window, c)) return;
+  const bool gemma3 = c.architecture == "Gemma3ForCausalLM";
+  const int64_t pattern = gemma3 ? get_or<int64_t>(j, "sliding_window_pattern", 6) : 2;
+  AUTOTP_USER_CHECK(pattern > 0, "{}: sliding_window_pattern must be positive, got {}", source, pattern);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if ((l + 1) % pattern != 0) c.layer_sliding_window[l] = window;
+}
+
 // Which layers attend through a sliding window, as HF's Mistral and Qwen2 configs say.
 void parse_sliding_window(const json& j, const std::string& source, ModelConfig& c) {
-  const bool mistral = c.architecture == "MistralForCausalLM", qwen2 = c.architecture == "Qwen2ForCausalLM";
-  if (!mistral && !qwen2) return;  // HF's Llama has no sliding window
-  if (qwen2 && !get_or<bool>(j, "use_sliding_window", false)) return;  // Qwen2Config drops the window then
+  if (c.gemma_norms) return parse_gemma_sliding_window(j, source, c);
+  // Phi3Config: sliding_window (default none) on every layer, like Mistral's.
+  const bool mistral = c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM";
+  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
+  if (!mistral && !qwen) return;  // HF's Llama has no sliding window
+  if (qwen && !get_or<bool>(j, "use_sliding_window", false)) return;  // Qwen2/3Config drop the window then
   if (j.contains("sliding_window") && j["sliding_window"].is_null()) return;
+  const bool phi3 = c.architecture == "Phi3ForCausalLM";
+  if (phi3 && !j.contains("sliding_window")) return;
   // Absent: MistralConfig's and Qwen2Config's default, 4096.
   const json given = j.value("sliding_window", json(4096));
   AUTOTP_USER_CHECK(given.is_number_integer() && given.get<int64_t>() > 0,
                     "{}: sliding_window must be a positive integer or null, got {}", source, given.dump());
   const int64_t window = given.get<int64_t>();
   c.layer_sliding_window.assign(c.num_layers, mistral ? window : 0);
-  if (mistral) return;
-  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
-    const json& types = j["layer_types"];
-    AUTOTP_USER_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == c.num_layers,
-                      "{}: layer_types must list num_hidden_layers ({}) entries", source, c.num_layers);
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      const std::string type = types[l].is_string() ? types[l].get<std::string>() : types[l].dump();
-      AUTOTP_USER_CHECK(type == "sliding_attention" || type == "full_attention",
-                        "{}: layer_types[{}] is '{}' (allowed: sliding_attention, full_attention)", source, l, type);
-      if (type == "sliding_attention") c.layer_sliding_window[l] = window;
-    }
-    return;
-  }
+  if (mistral || parse_layer_types(j, source, window, c)) return;
   const int64_t first = get_or<int64_t>(j, "max_window_layers", 28);  // Qwen2Config's default
   for (int64_t l = std::max<int64_t>(first, 0); l < c.num_layers; ++l) c.layer_sliding_window[l] = window;
+}
+
+double dropout_probability(const json& j, const char* key, double fallback, const std::string& source) {
+  const double p = get_or<double>(j, key, fallback);
+  AUTOTP_USER_CHECK(p >= 0 && p < 1, "{}: '{}' is {} (allowed: 0 <= p < 1)", source, key, p);
+  return p;
 }
 
 void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
@@ -70,9 +102,16 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
                        ? require_int(j, "num_key_value_heads", source)
                        : c.num_heads;
-  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? require_int(j, "head_dim", source)
-                                                                  : c.hidden_size / c.num_heads;
-  AUTOTP_USER_CHECK(j.contains("head_dim") || c.hidden_size % c.num_heads == 0,
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
+  const bool gemma3 = c.architecture == "Gemma3ForCausalLM";
+  c.gemma_norms = gemma3 || c.architecture == "Gemma2ForCausalLM";
+  const bool has_head_dim = j.contains("head_dim") && !j["head_dim"].is_null();
+  // Qwen3Config's head_dim defaults to 128, Gemma's to 256; the others' to hidden / heads.
+  const int64_t default_head_dim = qwen3 ? 128 : c.gemma_norms ? 256 : 0;
+  c.head_dim = has_head_dim       ? require_int(j, "head_dim", source)
+               : default_head_dim ? default_head_dim
+                                  : c.hidden_size / c.num_heads;
+  AUTOTP_USER_CHECK(has_head_dim || default_head_dim || c.hidden_size % c.num_heads == 0,
                     "{}: hidden_size {} is not divisible by num_attention_heads {}", source, c.hidden_size,
                     c.num_heads);
   AUTOTP_USER_CHECK(c.num_heads % c.num_kv_heads == 0,
@@ -81,22 +120,56 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   AUTOTP_USER_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for rotary embeddings", source,
                     c.head_dim);
   c.max_positions = get_or<int64_t>(j, "max_position_embeddings", 2048);
-  c.norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
-  c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
-  std::string act = get_or<std::string>(j, "hidden_act", "silu");
-  AUTOTP_USER_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (allowed: silu)", source, act);
-  c.rope_scaling = RopeScaling::from_json(j.value("rope_scaling", json()), source);
+  c.norm_eps = get_or<double>(j, "rms_norm_eps", c.architecture == "Phi3ForCausalLM" ? 1e-5 : 1e-6);
+  c.rope_theta = get_or<double>(j, "rope_theta", gemma3 ? 1000000.0 : 10000.0);
+  AUTOTP_USER_CHECK(!j.contains("rope_parameters"),
+                    "{}: 'rope_parameters' (transformers 5 configs) is not supported; write rope_theta and "
+                    "rope_scaling as transformers 4.x does",
+                    source);
+  // Gemma's MLP activation is hidden_activation (hidden_act in older configs).
+  const char* act_key = c.gemma_norms && j.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
+  const std::string allowed_act = c.gemma_norms ? "gelu_pytorch_tanh" : "silu";
+  c.activation = get_or<std::string>(j, act_key, allowed_act);
+  AUTOTP_USER_CHECK(c.activation == allowed_act, "{}: {} '{}' is not supported for {} (allowed: {})", source, act_key,
+                    c.activation, c.architecture, allowed_act);
+  RopeScalingContext rope_context;
+  rope_context.head_dim = c.head_dim;
+  if (j.contains("original_max_position_embeddings") && !j["original_max_position_embeddings"].is_null())
+    rope_context.original_max_position_embeddings = require_int(j, "original_max_position_embeddings", source);
+  c.rope_scaling = RopeScaling::from_json(j.value("rope_scaling", json()), source, rope_context);
+  const double partial_rotary = get_or<double>(j, "partial_rotary_factor", 1.0);
+  AUTOTP_USER_CHECK(partial_rotary == 1.0, "{}: partial_rotary_factor {} is not supported (allowed: 1.0)", source,
+                    partial_rotary);
   bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   if (qwen2) {
     c.qkv_bias = true;
     c.o_bias = false;
-  } else if (c.architecture == "MistralForCausalLM") {
-    c.qkv_bias = c.o_bias = false;  // HF's Mistral layers have no biases whatever the config says
+  } else if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM") {
+    c.qkv_bias = c.o_bias = false;  // HF's Mistral and Phi-3 layers have no biases whatever the config says
   } else {
     c.qkv_bias = c.o_bias = get_or<bool>(j, "attention_bias", false);
   }
   c.mlp_bias = c.architecture == "LlamaForCausalLM" && get_or<bool>(j, "mlp_bias", false);
-  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+  c.qk_norm = qwen3 || gemma3;
+  c.attention_dropout = dropout_probability(j, "attention_dropout", 0.0, source);
+  // Phi-3 drops each block's output (resid_pdrop); its embd_pdrop is unused by HF's Phi3Model.
+  if (c.architecture == "Phi3ForCausalLM") c.residual_dropout = dropout_probability(j, "resid_pdrop", 0.0, source);
+  if (c.gemma_norms) {  // Gemma2Config's / Gemma3TextConfig's defaults
+    const double scalar = get_or<double>(j, "query_pre_attn_scalar", 256.0);
+    AUTOTP_USER_CHECK(scalar > 0, "{}: query_pre_attn_scalar must be positive, got {}", source, scalar);
+    c.attention_scale = 1.0 / std::sqrt(scalar);
+    // Absent: the config class's default; null: no capping.
+    auto softcap = [&](const char* key, double absent) {
+      return !j.contains(key) ? absent : j[key].is_null() ? 0.0 : j[key].get<double>();
+    };
+    c.attn_softcap = softcap("attn_logit_softcapping", gemma3 ? 0.0 : 50.0);
+    c.final_softcap = softcap("final_logit_softcapping", gemma3 ? 0.0 : 30.0);
+    AUTOTP_USER_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0, "{}: softcapping values must be positive or null",
+                      source);
+    if (gemma3) c.local_rope_theta = get_or<double>(j, "rope_local_base_freq", 10000.0);
+  }
+  c.fused_projections = c.architecture == "Phi3ForCausalLM";
+  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", c.gemma_norms);
   parse_sliding_window(j, source, c);
   float pretraining_tp = get_or<float>(j, "pretraining_tp", 1.0f);
   AUTOTP_USER_CHECK(pretraining_tp == 1.0f, "{}: pretraining_tp {} is not supported (allowed: 1)", source,
@@ -125,6 +198,10 @@ void parse_gpt2(const json& j, const std::string& source, ModelConfig& c) {
   reject_if_set(j, "reorder_and_upcast_attn", source, "not implemented");
   reject_if_set(j, "add_cross_attention", source, "cross-attention is not implemented");
   c.qkv_bias = c.o_bias = c.mlp_bias = true;
+  c.activation = act;
+  c.attention_dropout = dropout_probability(j, "attn_pdrop", 0.1, source);  // GPT2Config's defaults
+  c.residual_dropout = dropout_probability(j, "resid_pdrop", 0.1, source);
+  c.embedding_dropout = dropout_probability(j, "embd_pdrop", 0.1, source);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
   AUTOTP_USER_CHECK(c.tie_word_embeddings, "{}: GPT-2 with untied lm_head is not supported", source);
 }
@@ -133,7 +210,8 @@ void parse_gpt2(const json& j, const std::string& source, ModelConfig& c) {
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                 "GPT2LMHeadModel"};
+                                                 "Qwen3ForCausalLM", "Phi3ForCausalLM",  "Gemma2ForCausalLM",
+                                                 "Gemma3ForCausalLM", "GPT2LMHeadModel"};
   return names;
 }
 
@@ -151,7 +229,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     c.family = ModelFamily::kGpt2;
     parse_gpt2(j, source, c);
   } else if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM" ||
-             c.architecture == "Qwen2ForCausalLM") {
+             c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM" ||
+             c.architecture == "Phi3ForCausalLM" || c.architecture == "Gemma2ForCausalLM" ||
+             c.architecture == "Gemma3ForCausalLM") {
     c.family = ModelFamily::kLlama;
     parse_llama(j, source, c);
   } else {

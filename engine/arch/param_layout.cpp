@@ -10,9 +10,11 @@ const char* axis_name(Axis axis) {
     case Axis::kHeads: return "heads";
     case Axis::kKvHeads: return "kv_heads";
     case Axis::kQkv: return "qkv";
+    case Axis::kGateUp: return "gate_up";
     case Axis::kIntermediate: return "intermediate";
     case Axis::kVocab: return "vocab";
     case Axis::kPositions: return "positions";
+    case Axis::kHeadDim: return "head_dim";
   }
   return "?";
 }
@@ -37,8 +39,10 @@ int64_t axis_size(const ModelConfig& c, Axis axis) {
     case Axis::kKvHeads: return c.num_kv_heads * c.head_dim;
     case Axis::kQkv: return (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
     case Axis::kIntermediate: return c.intermediate_size;
+    case Axis::kGateUp: return 2 * c.intermediate_size;
     case Axis::kVocab: return c.vocab_size;
     case Axis::kPositions: return c.max_positions;
+    case Axis::kHeadDim: return c.head_dim;
   }
   return 0;
 }
@@ -79,13 +83,31 @@ std::vector<ParamDesc> llama_params(const ModelConfig& c) {
   for (int64_t i = 0; i < c.num_layers; ++i) {
     std::string layer = fmt::format("model.layers.{}", i);
     b.norm(layer + ".input_layernorm", false);
-    b.linear(layer + ".self_attn.q_proj", Axis::kHidden, Axis::kHeads, c.qkv_bias);
-    b.linear(layer + ".self_attn.k_proj", Axis::kHidden, Axis::kKvHeads, c.qkv_bias);
-    b.linear(layer + ".self_attn.v_proj", Axis::kHidden, Axis::kKvHeads, c.qkv_bias);
+    if (c.fused_projections) {
+      b.linear(layer + ".self_attn.qkv_proj", Axis::kHidden, Axis::kQkv, c.qkv_bias);
+    } else {
+      b.linear(layer + ".self_attn.q_proj", Axis::kHidden, Axis::kHeads, c.qkv_bias);
+      b.linear(layer + ".self_attn.k_proj", Axis::kHidden, Axis::kKvHeads, c.qkv_bias);
+      b.linear(layer + ".self_attn.v_proj", Axis::kHidden, Axis::kKvHeads, c.qkv_bias);
+    }
     b.linear(layer + ".self_attn.o_proj", Axis::kHeads, Axis::kHidden, c.o_bias);
+    if (c.qk_norm) {  // Qwen3: RMSNorm over each head of q and k, one weight shared by the heads
+      b.add(layer + ".self_attn.q_norm.weight", layer + ".self_attn.q_norm", ParamKind::kNorm, {c.head_dim},
+            {Axis::kHeadDim});
+      b.add(layer + ".self_attn.k_norm.weight", layer + ".self_attn.k_norm", ParamKind::kNorm, {c.head_dim},
+            {Axis::kHeadDim});
+    }
     b.norm(layer + ".post_attention_layernorm", false);
-    b.linear(layer + ".mlp.gate_proj", Axis::kHidden, Axis::kIntermediate, c.mlp_bias);
-    b.linear(layer + ".mlp.up_proj", Axis::kHidden, Axis::kIntermediate, c.mlp_bias);
+    if (c.gemma_norms) {  // Gemma's sandwich: the MLP has its own pre- and post-norm
+      b.norm(layer + ".pre_feedforward_layernorm", false);
+      b.norm(layer + ".post_feedforward_layernorm", false);
+    }
+    if (c.fused_projections) {
+      b.linear(layer + ".mlp.gate_up_proj", Axis::kHidden, Axis::kGateUp, c.mlp_bias);
+    } else {
+      b.linear(layer + ".mlp.gate_proj", Axis::kHidden, Axis::kIntermediate, c.mlp_bias);
+      b.linear(layer + ".mlp.up_proj", Axis::kHidden, Axis::kIntermediate, c.mlp_bias);
+    }
     b.linear(layer + ".mlp.down_proj", Axis::kIntermediate, Axis::kHidden, c.mlp_bias);
   }
   b.norm("model.norm", false);

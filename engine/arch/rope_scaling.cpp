@@ -22,6 +22,9 @@ std::vector<std::string> keys_of(const std::string& type) {
   if (type == "yarn")
     keys.insert(keys.end(), {"original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
                              "mscale", "mscale_all_dim", "truncate"});
+  if (type == "longrope")
+    keys.insert(keys.end(),
+                {"short_factor", "long_factor", "attention_factor", "original_max_position_embeddings"});
   return keys;
 }
 
@@ -32,6 +35,32 @@ torch::Tensor rdiv(double number, const torch::Tensor& t) { return t.reciprocal(
 // 2i / dim for i < dim / 2, in fp32.
 torch::Tensor rotary_exponents(int64_t dim) {
   return torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat32) / static_cast<double>(dim);
+}
+
+// longrope's factor lists hold one divisor per frequency. `where` prefixes the
+// message ("SOURCE: " when reading config.json, "" when building the tables).
+void check_factor_count(const std::vector<double>& factors, const char* key, int64_t head_dim,
+                        const std::string& where) {
+  AUTOTP_USER_CHECK(static_cast<int64_t>(factors.size()) == head_dim / 2,
+                    "{}rope_scaling.{} has {} values (expected head_dim / 2 = {})", where, key,
+                    factors.size(), head_dim / 2);
+}
+
+// short_factor or long_factor: a list of numbers > 0, of head_dim / 2 of them
+// when head_dim is known (0: checked when the tables are built).
+std::vector<double> factor_list(const JsonSection& section, const char* key, int64_t head_dim,
+                                const std::string& source) {
+  AUTOTP_USER_CHECK(section.has(key), "{}: {} is missing (needed by type longrope)", source,
+                    section.where(key));
+  const json& list = section.at(key);
+  const bool positive_numbers = list.is_array() && std::all_of(list.begin(), list.end(), [](const json& v) {
+                                  return v.is_number() && v.get<double>() > 0;
+                                });
+  section.check(positive_numbers, key, "a list of numbers > 0");
+  std::vector<double> factors;
+  for (const json& v : list) factors.push_back(v.get<double>());
+  if (head_dim > 0) check_factor_count(factors, key, head_dim, source + ": ");
+  return factors;
 }
 
 torch::Tensor scalar(double v) { return torch::tensor(v, torch::kFloat64).to(torch::kFloat32); }
@@ -80,14 +109,40 @@ RotaryFrequencies yarn(const RopeScaling& s, double theta, int64_t dim, int64_t 
   return out;
 }
 
+// HF's _compute_longrope_parameters as transformers 5 has it, with the choice of
+// its dynamic_rope_update: short_factor up to the pre-training context, long_factor
+// beyond it (HF builds the long table on the first longer sequence).
+RotaryFrequencies longrope(const RopeScaling& s, double theta, int64_t dim, int64_t max_positions,
+                           int64_t seq_len) {
+  check_factor_count(s.short_factor, "short_factor", dim, "");
+  check_factor_count(s.long_factor, "long_factor", dim, "");
+  const int64_t context = s.original_max_positions > 0 ? s.original_max_positions : max_positions;
+  // Without a factor HF takes how far max_position_embeddings extends the context.
+  const double factor =
+      s.factor > 0 ? s.factor : static_cast<double>(max_positions) / static_cast<double>(context);
+  RotaryFrequencies out;
+  if (s.attention_factor) {
+    out.attention_factor = *s.attention_factor;
+  } else {
+    out.attention_factor =
+        factor <= 1 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(context)));
+  }
+  const std::vector<double>& divisors = seq_len > context ? s.long_factor : s.short_factor;
+  // HF: torch.tensor(list, dtype=float32), each Python float rounded once to fp32.
+  auto ext_factors = torch::tensor(divisors, torch::dtype(torch::kFloat64)).to(torch::kFloat32);
+  out.inv_freq = rdiv(1.0, ext_factors * torch::pow(theta, rotary_exponents(dim)));
+  return out;
+}
+
 }  // namespace
 
 const std::vector<std::string>& RopeScaling::types() {
-  static const std::vector<std::string> names = {"default", "linear", "dynamic", "yarn", "llama3"};
+  static const std::vector<std::string> names = {"default", "linear", "dynamic", "yarn", "llama3", "longrope"};
   return names;
 }
 
-RopeScaling RopeScaling::from_json(const json& value, const std::string& source) {
+RopeScaling RopeScaling::from_json(const json& value, const std::string& source,
+                                   const RopeScalingContext& context) {
   RopeScaling s;
   if (value.is_null()) return s;
   if (!value.is_object()) throw UserError(fmt::format("{}: rope_scaling must be an object or null", source));
@@ -104,21 +159,40 @@ RopeScaling RopeScaling::from_json(const json& value, const std::string& source)
   s.type = type;
   const JsonSection section(given, "rope_scaling", source, keys_of(type), " for rope_scaling type " + type);
   if (type == "default") return s;
-  AUTOTP_USER_CHECK(section.has("factor"), "{}: rope_scaling.factor is missing (needed by type {})", source, type);
-  s.factor = section.number("factor", 1);
-  section.check(type == "yarn" || type == "llama3" ? s.factor >= 1 : s.factor > 0, "factor",
-                type == "yarn" || type == "llama3" ? "a number >= 1" : "a number > 0");
+  if (type == "longrope") {
+    s.factor = section.number("factor", 0);  // optional: 0 derives it from the contexts
+    section.check(!section.has("factor") || s.factor > 0, "factor", "a number > 0");
+  } else {
+    AUTOTP_USER_CHECK(section.has("factor"), "{}: rope_scaling.factor is missing (needed by type {})", source,
+                      type);
+    s.factor = section.number("factor", 1);
+    section.check(type == "yarn" || type == "llama3" ? s.factor >= 1 : s.factor > 0, "factor",
+                  type == "yarn" || type == "llama3" ? "a number >= 1" : "a number > 0");
+  }
   s.original_max_positions = section.integer("original_max_position_embeddings", 0);
   section.check(s.original_max_positions >= 0, "original_max_position_embeddings", "a positive integer");
+  // transformers 5 (standardize_rope_params) lets a top-level key win, as Phi3Config writes it.
+  const bool top_level_context = context.original_max_position_embeddings.has_value() &&
+                                 (type == "llama3" || type == "yarn" || type == "longrope");
+  if (top_level_context) {
+    s.original_max_positions = *context.original_max_position_embeddings;
+    AUTOTP_USER_CHECK(s.original_max_positions > 0,
+                      "{}: original_max_position_embeddings is {} (allowed: a positive integer)", source,
+                      s.original_max_positions);
+  }
+  if ((type == "yarn" || type == "longrope") && section.has("attention_factor"))
+    s.attention_factor = section.number("attention_factor", 1);
   if (type == "llama3") {
-    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    for (const char* key : {"low_freq_factor", "high_freq_factor"})
       AUTOTP_USER_CHECK(section.has(key), "{}: rope_scaling.{} is missing (needed by type llama3)", source, key);
+    AUTOTP_USER_CHECK(section.has("original_max_position_embeddings") || top_level_context,
+                      "{}: rope_scaling.original_max_position_embeddings is missing (needed by type llama3)",
+                      source);
     s.low_freq_factor = section.number("low_freq_factor", 1);
     s.high_freq_factor = section.number("high_freq_factor", 4);
     section.check(s.high_freq_factor > s.low_freq_factor, "high_freq_factor", "a number > low_freq_factor");
   }
   if (type == "yarn") {
-    if (section.has("attention_factor")) s.attention_factor = section.number("attention_factor", 1);
     if (section.has("mscale")) s.mscale = section.number("mscale", 1);
     if (section.has("mscale_all_dim")) s.mscale_all_dim = section.number("mscale_all_dim", 1);
     s.beta_fast = section.number("beta_fast", 32);
@@ -126,12 +200,17 @@ RopeScaling RopeScaling::from_json(const json& value, const std::string& source)
     s.truncate = section.boolean("truncate", true);
     section.check(s.beta_fast > 0 && s.beta_slow > 0, "beta_fast", "beta_fast and beta_slow > 0");
   }
+  if (type == "longrope") {
+    s.short_factor = factor_list(section, "short_factor", context.head_dim, source);
+    s.long_factor = factor_list(section, "long_factor", context.head_dim, source);
+  }
   return s;
 }
 
 RotaryFrequencies rotary_frequencies(const RopeScaling& s, double theta, int64_t head_dim, int64_t max_positions,
                                      int64_t seq_len) {
   if (s.type == "yarn") return yarn(s, theta, head_dim, max_positions);
+  if (s.type == "longrope") return longrope(s, theta, head_dim, max_positions, seq_len);
   RotaryFrequencies out;
   if (s.type == "dynamic" && seq_len > max_positions) {
     // HF recomputes the base from the sequence length, in fp32 tensors.

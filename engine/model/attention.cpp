@@ -59,7 +59,9 @@ torch::Tensor select_heads(const torch::Tensor& t, const std::vector<int64_t>& k
 }  // namespace
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const std::vector<int64_t>& kv_index, double scale, int64_t window) {
+                               const std::vector<int64_t>& kv_index, double scale, int64_t window,
+                               const AttentionExtras& extras) {
+  if (extras.any()) return causal_attention_eager(q, k, v, kv_index, scale, window, extras);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   torch::Tensor k_sel = k, v_sel = v;
   bool gqa = false;
@@ -78,16 +80,24 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 }
 
 torch::Tensor causal_attention_eager(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                     const std::vector<int64_t>& kv_index, double scale, int64_t window) {
+                                     const std::vector<int64_t>& kv_index, double scale, int64_t window,
+                                     const AttentionExtras& extras) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   torch::Tensor k_sel = k, v_sel = v;
   if (!is_identity(kv_index, k.size(1))) k_sel = select_heads(k, kv_index), v_sel = select_heads(v, kv_index);
   // One batched GEMM gives scale * q k^T with the mask already added (no
   // separate scaling and masking passes over the [T, T] scores, forward or backward).
   auto q3 = q.reshape({B * H, T, D}), k3 = k_sel.reshape({B * H, T, D}), v3 = v_sel.reshape({B * H, T, D});
-  auto scores = at::baddbmm(causal_bias(T, window, q.scalar_type(), q.device()).expand({B * H, T, T}), q3,
-                            k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+  const torch::Tensor& bias = causal_bias(T, window, q.scalar_type(), q.device());
+  torch::Tensor scores;
+  if (extras.softcap > 0) {  // HF's order: scale, cap, then the mask
+    scores = torch::bmm(q3, k3.transpose(1, 2)) * scale;
+    scores = torch::tanh(scores / extras.softcap) * extras.softcap + bias;
+  } else {
+    scores = at::baddbmm(bias.expand({B * H, T, T}), q3, k3.transpose(1, 2), /*beta=*/1.0, /*alpha=*/scale);
+  }
   auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  if (extras.on_probs) probs = extras.on_probs(probs.view({B, H, T, T})).reshape({B * H, T, T});
   auto out = torch::bmm(probs, v3).view({B, H, T, D});
   return out.transpose(1, 2).reshape({B, T, H * D});
 }

@@ -227,9 +227,9 @@ void CausalLM::init_random(uint64_t seed) {
   for (auto& p : params_) {
     const auto& d = p.entry->desc;
     torch::Tensor full;
-    if (d.kind == ParamKind::kNorm)
-      full = d.name.size() > 5 && d.name.substr(d.name.size() - 5) == ".bias" ? torch::zeros(d.shape)
-                                                                            : torch::ones(d.shape);
+    const bool norm_bias = d.name.size() > 5 && d.name.substr(d.name.size() - 5) == ".bias";
+    if (d.kind == ParamKind::kNorm)  // identity norms: Gemma scales by 1 + weight
+      full = norm_bias || config_.gemma_norms ? torch::zeros(d.shape) : torch::ones(d.shape);
     else if (d.kind == ParamKind::kBias)
       full = torch::zeros(d.shape);
     else {
@@ -303,40 +303,107 @@ torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x
   return F::linear(x, weight, bias);
 }
 
-torch::Tensor CausalLM::attention(const std::string& q_param, const torch::Tensor& q, const torch::Tensor& k,
-                                  const torch::Tensor& v, int64_t window) {
+torch::Tensor CausalLM::attention(int64_t layer, const std::string& q_param, const torch::Tensor& q,
+                                  const torch::Tensor& k, const torch::Tensor& v) {
   // q: [B, Hq, T, D]; k, v: [B, Hkv_local, T, D]
   auto heads = local_heads(config_, find(q_param)->spec(), tp_.rank());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
+  const double scale = config_.attention_scale > 0 ? config_.attention_scale
+                                                   : 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
+  const int64_t window = config_.sliding_window_of(layer);
+  AttentionExtras extras;
+  extras.softcap = config_.attn_softcap;
+  if (dropout_ && config_.attention_dropout > 0) {
+    // [B, local heads, T, T]: the heads' global indices, every query and key.
+    const int64_t T = q.size(2);
+    const std::vector<DimRanges> dims = {
+        DimRanges{dropout_->step_samples, {Segment{dropout_->sample_offset, q.size(0)}}},
+        DimRanges{config_.num_heads, {Segment{heads.first, heads.count}}}, DimRanges{T, {}}, DimRanges{T, {}}};
+    // The key is taken now: a recomputation in the backward draws the same mask.
+    const DropoutKey key{dropout_->seed, dropout_->step, layer, DropoutSite::kAttentionProbs};
+    extras.on_probs = [key, dims, p = config_.attention_dropout](const torch::Tensor& probs) {
+      return apply_dropout(probs, key, p, dims);
+    };
+  }
   auto core = std::make_shared<RecomputedAttention::Core>(
-      [kv_index = heads.kv_index, scale, window](const torch::Tensor& q, const torch::Tensor& k,
-                                                 const torch::Tensor& v) {
-        return causal_attention(q, k, v, kv_index, scale, window);
+      [kv_index = heads.kv_index, scale, window, extras](const torch::Tensor& q, const torch::Tensor& k,
+                                                         const torch::Tensor& v) {
+        return causal_attention(q, k, v, kv_index, scale, window, extras);
       });
   if (!selective_recompute_ || !torch::GradMode::is_enabled() || !q.requires_grad()) return (*core)(q, k, v);
   backward_state_.push_back(core);
   return RecomputedAttention::apply(q, k, v, core.get());
 }
 
+torch::Tensor CausalLM::norm(const std::string& module, const torch::Tensor& x) {
+  const torch::Tensor& weight = tensor(module + ".weight");
+  return config_.gemma_norms ? rms_norm_plus_one(x, weight, config_.norm_eps) : rms_norm(x, weight, config_.norm_eps);
+}
+
+torch::Tensor CausalLM::dropout(const torch::Tensor& x, int64_t layer, DropoutSite site, double p,
+                                std::vector<DimRanges> dims) {
+  if (!dropout_ || p == 0) return x;
+  if (dims.empty())
+    for (int64_t d = 1; d < x.dim(); ++d) dims.push_back(DimRanges{x.size(d), {}});
+  dims.insert(dims.begin(), DimRanges{dropout_->step_samples, {Segment{dropout_->sample_offset, x.size(0)}}});
+  return apply_dropout(x, DropoutKey{dropout_->seed, dropout_->step, layer, site}, p, dims);
+}
+
+torch::Tensor CausalLM::mlp_activation(const torch::Tensor& gate) {
+  if (config_.activation == "gelu_pytorch_tanh") return torch::gelu(gate, "tanh");
+  return torch::silu(gate);
+}
+
 torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,
                                     const torch::Tensor& sin) {
   const std::string p = fmt::format("model.layers.{}.", layer);
   const int64_t B = x.size(0), T = x.size(1), D = config_.head_dim;
-  auto h = rms_norm(x, tensor(p + "input_layernorm.weight"), config_.norm_eps);
-  const Parameter* q_w = find(p + "self_attn.q_proj.weight");
+  auto h = norm(p + "input_layernorm", x);
+  const bool fused = config_.fused_projections;
+  const std::string q_param = p + (fused ? "self_attn.qkv_proj.weight" : "self_attn.q_proj.weight");
+  const Parameter* q_w = find(q_param);
   if (is_split(*q_w->entry)) h = copy_to_tp(h, tp_);
-  auto q = linear(p + "self_attn.q_proj", h).view({B, T, -1, D}).transpose(1, 2);
-  auto k = linear(p + "self_attn.k_proj", h).view({B, T, -1, D}).transpose(1, 2);
-  auto v = linear(p + "self_attn.v_proj", h).view({B, T, -1, D}).transpose(1, 2);
+  torch::Tensor q, k, v;
+  if (fused) {  // Phi-3: this rank's [q | k | v] columns, each part split on its own
+    std::vector<int64_t> widths;
+    if (q_w->spec().is_replicated())
+      widths = {config_.num_heads * D, config_.num_kv_heads * D, config_.num_kv_heads * D};
+    else
+      for (const Segment& s : q_w->spec().segments(tp_.rank())) widths.push_back(s.length);
+    auto parts = linear(p + "self_attn.qkv_proj", h).split_with_sizes(widths, -1);
+    q = parts[0], k = parts[1], v = parts[2];
+  } else {
+    q = linear(p + "self_attn.q_proj", h);
+    k = linear(p + "self_attn.k_proj", h);
+    v = linear(p + "self_attn.v_proj", h);
+  }
+  q = q.view({B, T, -1, D});
+  k = k.view({B, T, -1, D});
+  v = v.view({B, T, -1, D}).transpose(1, 2);
+  if (config_.qk_norm) {  // Qwen3, Gemma 3: per head, before RoPE
+    q = norm(p + "self_attn.q_norm", q);
+    k = norm(p + "self_attn.k_norm", k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  auto attn = attention(p + "self_attn.q_proj.weight", q, k, v, config_.sliding_window_of(layer));
-  auto out = x + linear(p + "self_attn.o_proj", attn);
+  auto attn = linear(p + "self_attn.o_proj", attention(layer, q_param, q, k, v));
+  if (config_.gemma_norms) attn = norm(p + "post_attention_layernorm", attn);  // Gemma: norms the block's output
+  auto out = x + dropout(attn, layer, DropoutSite::kAttentionOutput, config_.residual_dropout);
 
-  h = rms_norm(out, tensor(p + "post_attention_layernorm.weight"), config_.norm_eps);
-  if (is_split(*find(p + "mlp.gate_proj.weight")->entry)) h = copy_to_tp(h, tp_);
-  auto mlp = torch::silu(linear(p + "mlp.gate_proj", h)) * linear(p + "mlp.up_proj", h);
-  return out + linear(p + "mlp.down_proj", mlp);
+  h = norm(p + (config_.gemma_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm"), out);
+  if (is_split(*find(p + (fused ? "mlp.gate_up_proj.weight" : "mlp.gate_proj.weight"))->entry))
+    h = copy_to_tp(h, tp_);
+  torch::Tensor mlp;
+  if (fused) {  // Phi-3: this rank's gate columns, then as many up columns
+    auto gate_up = linear(p + "mlp.gate_up_proj", h).chunk(2, -1);
+    mlp = gate_up[1] * mlp_activation(gate_up[0]);
+  } else {
+    mlp = mlp_activation(linear(p + "mlp.gate_proj", h)) * linear(p + "mlp.up_proj", h);
+  }
+  mlp = linear(p + "mlp.down_proj", mlp);
+  if (config_.gemma_norms) mlp = norm(p + "post_feedforward_layernorm", mlp);
+  return out + dropout(mlp, layer, DropoutSite::kMlpOutput, config_.residual_dropout);
 }
 
 torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
@@ -356,8 +423,8 @@ torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
   auto q = parts[0].view({B, T, -1, D}).transpose(1, 2);
   auto k = parts[1].view({B, T, -1, D}).transpose(1, 2);
   auto v = parts[2].view({B, T, -1, D}).transpose(1, 2);
-  auto attn = attention(p + "attn.c_attn.weight", q, k, v);
-  auto out = x + linear(p + "attn.c_proj", attn);
+  auto attn = attention(layer, p + "attn.c_attn.weight", q, k, v);
+  auto out = x + dropout(linear(p + "attn.c_proj", attn), layer, DropoutSite::kAttentionOutput, config_.residual_dropout);
 
   h = F::layer_norm(out, F::LayerNormFuncOptions({H})
                              .weight(tensor(p + "ln_2.weight"))
@@ -365,7 +432,7 @@ torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
                              .eps(config_.norm_eps));
   if (is_split(*find(p + "mlp.c_fc.weight")->entry)) h = copy_to_tp(h, tp_);
   auto mlp = gelu_new(linear(p + "mlp.c_fc", h));
-  return out + linear(p + "mlp.c_proj", mlp);
+  return out + dropout(linear(p + "mlp.c_proj", mlp), layer, DropoutSite::kMlpOutput, config_.residual_dropout);
 }
 
 torch::Tensor CausalLM::embed(const torch::Tensor& ids) {
@@ -386,8 +453,10 @@ int64_t CausalLM::vocab_start() const {
 
 torch::Tensor CausalLM::lm_head_logits(const torch::Tensor& hidden) {
   const Parameter& head = head_param(params_, config_.tie_word_embeddings);
-  if (!is_split(*head.entry)) return torch::matmul(hidden, head.tensor.t());
-  return torch::matmul(copy_to_tp(hidden, tp_), head.tensor.t());
+  auto logits = torch::matmul(is_split(*head.entry) ? copy_to_tp(hidden, tp_) : hidden, head.tensor.t());
+  if (config_.final_softcap > 0)  // Gemma 2, elementwise: each rank caps its vocab slice
+    logits = torch::tanh(logits / config_.final_softcap) * config_.final_softcap;
+  return logits;
 }
 
 torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
@@ -406,8 +475,11 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   // The embeddings' backward reads no parameter: hooks around the forward only.
   call_hook(hooks_.before_forward, kEmbeddingUse);
   auto x = embed(input_ids);
+  if (config_.gemma_norms)  // HF: times sqrt(hidden) rounded to the activation dtype
+    x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
   if (config_.family == ModelFamily::kGpt2)
     x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, on_device.dtype(torch::kLong))).unsqueeze(0);
+  x = dropout(x, kEmbeddingUse, DropoutSite::kEmbedding, config_.embedding_dropout);
   call_hook(hooks_.after_forward, kEmbeddingUse);
   if (config_.family == ModelFamily::kGpt2) {
     for (int64_t l = 0; l < config_.num_layers; ++l)
@@ -416,24 +488,34 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   }
   // Rotary tables in fp32 as HF computes them (rope_scaling included), then cast
   // to the activation dtype.
+  const auto global = rotary_tables(config_.rope_scaling, config_.rope_theta, T);
+  const torch::Tensor &cos = global.first, &sin = global.second;
+  torch::Tensor local_cos = cos, local_sin = sin;
+  if (config_.local_rope_theta > 0)  // Gemma 3: sliding layers rotate with their own base, unscaled
+    std::tie(local_cos, local_sin) = rotary_tables(RopeScaling{}, config_.local_rope_theta, T);
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    const bool local = config_.sliding_window_of(l) > 0;
+    const torch::Tensor& c = local ? local_cos : cos;
+    const torch::Tensor& s = local ? local_sin : sin;
+    x = run_use(l, x, [this, l, c, s](const torch::Tensor& in) { return llama_layer(l, in, c, s); }, checkpointed(l));
+  }
+  return x;
+}
+
+std::pair<torch::Tensor, torch::Tensor> CausalLM::rotary_tables(const RopeScaling& scaling, double theta,
+                                                                int64_t T) const {
   const int64_t D = config_.head_dim;
-  const RotaryFrequencies rope =
-      rotary_frequencies(config_.rope_scaling, config_.rope_theta, D, config_.max_positions, T);
-  auto inv_freq = rope.inv_freq.to(on_device.device());
-  auto positions = torch::arange(T, on_device.dtype(torch::kLong)).to(torch::kFloat32);
+  const RotaryFrequencies rope = rotary_frequencies(scaling, theta, D, config_.max_positions, T);
+  auto inv_freq = rope.inv_freq.to(device_);
+  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device_)).to(torch::kFloat32);
   auto freqs = torch::matmul(inv_freq.view({-1, 1}), positions.view({1, -1})).t();  // [T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos(), sin = emb.sin();
-  if (rope.attention_factor != 1) {  // yarn: HF scales both tables
+  if (rope.attention_factor != 1) {  // yarn, longrope: HF scales both tables
     cos = cos * rope.attention_factor;
     sin = sin * rope.attention_factor;
   }
-  cos = cos.to(dtype_).view({1, 1, T, D});
-  sin = sin.to(dtype_).view({1, 1, T, D});
-  for (int64_t l = 0; l < config_.num_layers; ++l)
-    x = run_use(
-        l, x, [this, l, cos, sin](const torch::Tensor& in) { return llama_layer(l, in, cos, sin); }, checkpointed(l));
-  return x;
+  return {cos.to(dtype_).view({1, 1, T, D}), sin.to(dtype_).view({1, 1, T, D})};
 }
 
 torch::Tensor CausalLM::final_norm(const torch::Tensor& x) {
@@ -444,7 +526,7 @@ torch::Tensor CausalLM::final_norm(const torch::Tensor& x) {
                                 .bias(tensor("transformer.ln_f.bias"))
                                 .eps(config_.norm_eps));
   }
-  return rms_norm(x, tensor("model.norm.weight"), config_.norm_eps);
+  return norm("model.norm", x);
 }
 
 torch::Tensor CausalLM::forward(const torch::Tensor& input_ids) {
@@ -486,7 +568,7 @@ void CausalLM::sync_shared_grads() {
   for (auto& p : params_) {
     if (!p.tensor.grad().defined()) continue;
     auto grad = p.tensor.mutable_grad();
-    sum_shared_slices(p.spec(), grad, tp_);
+    sum_partial_grads(*p.entry, grad, tp_);
   }
 }
 

@@ -42,6 +42,10 @@ json gpt2_config(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, i
           {"n_positions", positions},
           {"n_inner", nullptr},
           {"activation_function", "gelu_new"},
+          // Off in the random presets (GPT2Config's default is 0.1): parity tests turn them on.
+          {"attn_pdrop", 0.0},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
           {"layer_norm_epsilon", 1e-5},
           {"tie_word_embeddings", true},
           {"bos_token_id", 256},
@@ -90,6 +94,47 @@ std::vector<Preset> make_presets() {
   qwen.erase("attention_bias");
   qwen["use_sliding_window"] = false;
   list.push_back({"qwen2-tiny", "Qwen2 (q/k/v biases, tied), 4 heads, 2 kv heads", qwen});
+  // head_dim 20 is not hidden / heads (64 / 6): Qwen3 sets it on its own.
+  json qwen3 = llama_config("Qwen3ForCausalLM", 259, 64, 150, 2, 6, 2, true, "qwen3");
+  qwen3["head_dim"] = 20;
+  qwen3["use_sliding_window"] = false;
+  qwen3["sliding_window"] = nullptr;
+  qwen3["max_window_layers"] = 2;
+  list.push_back({"qwen3-tiny", "Qwen3 (per-head q/k norms, head_dim 20 of hidden 64, tied), 6 heads, 2 kv heads",
+                  qwen3});
+  // Fused qkv_proj and gate_up_proj, each part split on its own (kv heads shared at tp 4).
+  json phi3 = llama_config("Phi3ForCausalLM", 259, 96, 202, 2, 6, 2, false, "phi3");
+  phi3.erase("attention_bias");
+  phi3["rms_norm_eps"] = 1e-5;
+  phi3["original_max_position_embeddings"] = 512;
+  phi3["rope_scaling"] = nullptr;
+  list.push_back({"phi3-tiny", "Phi-3 (fused qkv_proj and gate_up_proj), 6 heads, 2 kv heads, intermediate 202",
+                  phi3});
+  // Gemma 2: 3 layers (sliding, global, sliding), head_dim 24 and query_pre_attn_scalar 32
+  // (neither hidden / heads), HF's default softcaps.
+  json gemma2 = llama_config("Gemma2ForCausalLM", 259, 64, 150, 3, 4, 2, true, "gemma2");
+  gemma2.erase("hidden_act");
+  gemma2["hidden_activation"] = "gelu_pytorch_tanh";
+  gemma2["head_dim"] = 24;
+  gemma2["query_pre_attn_scalar"] = 32;
+  gemma2["sliding_window"] = 4;
+  gemma2["attn_logit_softcapping"] = 50.0;
+  gemma2["final_logit_softcapping"] = 30.0;
+  list.push_back({"gemma2-tiny", "Gemma 2 (sandwich norms, softcapping, alternating sliding window 4), 4 heads, 2 kv "
+                  "heads, head_dim 24", gemma2});
+  // Gemma 3: per-head q/k norms, 6 heads over 2 kv heads, layers 0-1 sliding with their own rope base.
+  json gemma3 = llama_config("Gemma3ForCausalLM", 259, 64, 150, 3, 6, 2, true, "gemma3_text");
+  gemma3.erase("hidden_act");
+  gemma3["hidden_activation"] = "gelu_pytorch_tanh";
+  gemma3["head_dim"] = 16;
+  gemma3["query_pre_attn_scalar"] = 16;
+  gemma3["sliding_window"] = 4;
+  gemma3["sliding_window_pattern"] = 3;
+  gemma3["rope_theta"] = 1000000.0;
+  gemma3["rope_local_base_freq"] = 10000.0;
+  gemma3["attn_logit_softcapping"] = nullptr;
+  gemma3["final_logit_softcapping"] = nullptr;
+  list.push_back({"gemma3-tiny", "Gemma 3 text (q/k norms, 2 local layers : 1 global), 6 heads, 2 kv heads", gemma3});
   list.push_back({"mistral-tiny", "Mistral, 8 heads, 2 kv heads, vocab 259",
                   llama_config("MistralForCausalLM", 259, 64, 160, 2, 8, 2, false, "mistral")});
   list.push_back({"gpt2-tiny", "GPT-2, 6 heads, vocab 259 not divisible by 4, tied LM head",

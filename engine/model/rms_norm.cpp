@@ -39,4 +39,10 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return RmsNorm::apply(x, weight, eps);
 }
 
+torch::Tensor rms_norm_plus_one(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  auto x32 = x.to(torch::kFloat32);
+  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + eps);
+  return (normed * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
+}
+
 }  // namespace autotp

@@ -134,13 +134,22 @@ double Trainer::forward_backward(const std::vector<Batch>& micro_batches, double
   optimizer_->begin_step();
   const double scale = optimizer_->loss_scale();
   double loss_sum = 0;
-  for (const auto& b : micro_batches) {
+  // Micro-batch j of dp rank r holds samples (j * dp + r) * micro_batch onwards of
+  // the step's global batch (DistributedSampler): the rows of its dropout masks.
+  const int64_t dp = topology_->dp_size(), rank = topology_->dp_rank();
+  for (size_t j = 0; j < micro_batches.size(); ++j) {
+    const Batch& b = micro_batches[j];
+    const int64_t micro_batch = b.input_ids.size(0);
+    model_->set_dropout(DropoutContext{config_.seed, steps_done_,
+                                       (static_cast<int64_t>(j) * dp + rank) * micro_batch,
+                                       micro_batch * static_cast<int64_t>(micro_batches.size()) * dp});
     auto losses = model_->token_losses(b.input_ids, b.labels);
     auto sum = losses.sum();
     loss_sum += sum.item<double>();
     (sum * (scale / total_tokens)).backward();
     optimizer_->after_backward();
   }
+  model_->set_dropout(std::nullopt);
   return loss_sum;
 }
 

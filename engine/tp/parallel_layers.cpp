@@ -88,6 +88,12 @@ void sum_shared_slices(const ShardSpec& spec, torch::Tensor& local_grad, Comm& t
   local_grad.copy_(spec.slice(full, tp.rank()));
 }
 
+void sum_partial_grads(const PlanEntry& entry, torch::Tensor& local_grad, Comm& tp) {
+  if (!entry.partial_grad) return sum_shared_slices(entry.spec, local_grad, tp);
+  torch::NoGradGuard no_grad;
+  tp.all_reduce(local_grad);
+}
+
 torch::Tensor gather_full(const ShardSpec& spec, const torch::Tensor& local, Comm& tp) {
   if (spec.is_replicated()) return local.detach().clone();
   std::vector<int64_t> sizes;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <regex>
 #include <set>
 
@@ -65,17 +66,49 @@ std::regex tp_plan_key_regex(const std::string& key) {
   return std::regex(re);
 }
 
+// The HF tensor-parallel styles (transformers 4.5x and 5) by what autotp does with
+// them. The styles differ in where HF puts the collectives (gather the output,
+// split the input); autotp places its own at the block's entry and exit, with
+// the same sums, so each maps to the weight layout it implies.
+const std::vector<std::string> kColumnStyles = {"colwise", "colwise_rep", "colwise_gather_output", "packed_colwise",
+                                                "local_colwise"};
+const std::vector<std::string> kRowStyles = {"rowwise",       "rowwise_rep",  "rowwise_split_input",
+                                             "packed_rowwise", "local_rowwise", "local_packed_rowwise"};
+const std::vector<std::string> kVocabStyles = {"vocab", "embedding_rowwise"};
+// Whole on every rank. replicated_with_grad_allreduce: autotp sums a gradient
+// over tp where the layout needs it (TpPlan marks partial_grad), whatever the plan says.
+const std::vector<std::string> kReplicatedStyles = {"replicate", "replicated", "local", "isolated",
+                                                    "replicated_with_grad_allreduce"};
+const std::vector<std::string> kExpertStyles = {"gather",      "grouped_gemm",        "ep_router",
+                                                "megamoe_router", "moe_tp_experts",   "megamoe_experts",
+                                                "moe_identity_expert", "all_reduce", "all_reduce_output"};
+
+bool listed(const std::vector<std::string>& styles, const std::string& style) {
+  return std::find(styles.begin(), styles.end(), style) != styles.end();
+}
+
 TpRole role_from_hf_style(const std::string& style, const ParamDesc& d, const std::string& key) {
-  bool vocab_param = d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead;
-  if (style == "vocab" || style == "embedding_rowwise") return TpRole::kVocab;
-  if (style == "colwise" || style == "packed_colwise" || style == "colwise_rep")
-    return vocab_param ? TpRole::kVocab : TpRole::kColumn;
-  if (style == "rowwise" || style == "packed_rowwise") return vocab_param ? TpRole::kVocab : TpRole::kRow;
-  if (style == "replicate" || style == "local") return TpRole::kReplicated;
-  throw_user_error(
-      "base_model_tp_plan['{}'] = '{}' is not supported (allowed: colwise, rowwise, packed_colwise, "
-      "packed_rowwise, colwise_rep, vocab, embedding_rowwise, replicate, local)",
-      key, style);
+  const std::string at = fmt::format("base_model_tp_plan['{}'] = '{}'", key, style);
+  const bool vocab_param = d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead;
+  if (listed(kVocabStyles, style)) return TpRole::kVocab;
+  if (listed(kColumnStyles, style)) return vocab_param ? TpRole::kVocab : TpRole::kColumn;
+  if (listed(kRowStyles, style)) return vocab_param ? TpRole::kVocab : TpRole::kRow;
+  if (listed(kReplicatedStyles, style)) return TpRole::kReplicated;
+  if (style == "sequence_parallel")
+    throw_user_error("{}: sequence parallelism is not implemented (tensor parallelism splits heads and features "
+                     "only); drop the entry or use replicate",
+                     at);
+  if (style == "embedding_colwise")
+    throw_user_error("{}: splitting the embedding's hidden dim would split the residual stream; use "
+                     "embedding_rowwise (vocab-parallel)",
+                     at);
+  if (listed(kExpertStyles, style))
+    throw_user_error("{}: a mixture-of-experts style; autotp has no expert layers in this model", at);
+  if (style == "mla_kv_a_proj")
+    throw_user_error("{}: multi-head latent attention is not implemented", at);
+  throw_user_error("{} is not a tensor-parallel style autotp knows (allowed: {}, {}, {}, {})", at,
+                   fmt::join(kColumnStyles, ", "), fmt::join(kRowStyles, ", "), fmt::join(kVocabStyles, ", "),
+                   fmt::join(kReplicatedStyles, ", "));
 }
 
 // Structural rules: only the layout, never the names.
@@ -185,6 +218,11 @@ std::vector<std::vector<Segment>> axis_partition(const ModelConfig& c, Axis axis
       append(parts, kv_partition(c, tp, (c.num_heads + c.num_kv_heads) * c.head_dim));
       return parts;
     }
+    case Axis::kGateUp: {  // gate and up each split like the intermediate axis
+      auto parts = axis_partition(c, Axis::kIntermediate, tp);
+      append(parts, contiguous(c.intermediate_size, tp, 1, c.intermediate_size));
+      return parts;
+    }
     case Axis::kIntermediate:
     case Axis::kVocab: {
       int64_t total = axis_size(c, axis);
@@ -192,7 +230,8 @@ std::vector<std::vector<Segment>> axis_partition(const ModelConfig& c, Axis axis
       return contiguous(total, tp, 1);
     }
     case Axis::kHidden:
-    case Axis::kPositions: break;
+    case Axis::kPositions:
+    case Axis::kHeadDim: break;
   }
   throw_user_error("the {} axis cannot be split across tensor-parallel ranks", axis_name(axis));
 }
@@ -204,7 +243,14 @@ nlohmann::json builtin_name_plan(const ModelConfig& c) {
             {"h.*.attn.c_proj", "rowwise"},
             {"h.*.mlp.c_fc", "colwise"},
             {"h.*.mlp.c_proj", "rowwise"}};
-  return {{"embed_tokens", "vocab"},
+  if (c.fused_projections)
+    return {{"embed_tokens", "vocab"},
+            {"layers.*.self_attn.qkv_proj", "packed_colwise"},
+            {"layers.*.self_attn.o_proj", "rowwise"},
+            {"layers.*.mlp.gate_up_proj", "packed_colwise"},
+            {"layers.*.mlp.down_proj", "rowwise"},
+            {"lm_head", "colwise_rep"}};
+  json plan = {{"embed_tokens", "vocab"},
           {"layers.*.self_attn.q_proj", "colwise"},
           {"layers.*.self_attn.k_proj", "colwise"},
           {"layers.*.self_attn.v_proj", "colwise"},
@@ -213,6 +259,11 @@ nlohmann::json builtin_name_plan(const ModelConfig& c) {
           {"layers.*.mlp.up_proj", "colwise"},
           {"layers.*.mlp.down_proj", "rowwise"},
           {"lm_head", "colwise_rep"}};
+  if (c.qk_norm) {
+    plan["layers.*.self_attn.q_norm"] = "replicated_with_grad_allreduce";
+    plan["layers.*.self_attn.k_norm"] = "replicated_with_grad_allreduce";
+  }
+  return plan;
 }
 
 namespace {
@@ -222,6 +273,7 @@ namespace {
 // user's layer_specs, their regexes compiled once.
 struct RoleSources {
   json name_plan;
+  std::string plan_label;  // where name_plan comes from, for `autotp plan`
   std::vector<std::pair<std::string, std::regex>> plan_keys;
   std::vector<std::vector<std::regex>> user_regex;
   std::vector<bool> spec_used;
@@ -234,6 +286,7 @@ RoleSources role_sources(const ModelConfig& config, const TpPlanOptions& options
     r.name_plan = config_has_plan ? config.raw["base_model_tp_plan"] : builtin_name_plan(config);
   else if (options.rules == PlanRules::kAuto && config_has_plan)
     r.name_plan = config.raw["base_model_tp_plan"];
+  r.plan_label = config_has_plan ? "HF plan (config.json)" : "built-in HF-style plan";
   for (auto& [key, value] : r.name_plan.items()) {
     AUTOTP_USER_CHECK(value.is_string(), "base_model_tp_plan['{}'] must be a string", key);
     r.plan_keys.emplace_back(key, tp_plan_key_regex(key));
@@ -269,12 +322,12 @@ void assign_name_or_structural_role(const ModelConfig& config, const ParamDesc& 
     if (std::regex_match(module, re) || std::regex_match(d.module, re)) {
       std::string style = r.name_plan[key].get<std::string>();
       e.role = role_from_hf_style(style, d, key);
-      e.source = fmt::format("tp_plan '{}'", style);
+      e.source = fmt::format("{} '{}': {}", r.plan_label, key, style);
       return;
     }
   if (!r.plan_keys.empty()) {
     e.role = TpRole::kReplicated;
-    e.source = "tp_plan: not listed";
+    e.source = r.plan_label + ": not listed";
     return;
   }
   std::tie(e.role, e.source) = structural_role(d);
@@ -310,6 +363,8 @@ ShardSpec checked_spec(const ModelConfig& config, const ParamDesc& d, const Plan
     if (axis == Axis::kQkv)
       expected = {config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
                   config.num_kv_heads * config.head_dim};
+    else if (axis == Axis::kGateUp)
+      expected = {config.intermediate_size, config.intermediate_size};
     else
       expected = {d.shape[dim]};
     AUTOTP_USER_CHECK(user->shape == expected, "{}: shape {} does not match the layout of this weight {}",
@@ -334,6 +389,22 @@ void check_blocks(const std::vector<PlanEntry>& entries) {
           "column-parallel exactly when its output projection is row-parallel",
           block, fmt::join(roles, ", "));
     }
+  }
+}
+
+// A per-head tensor (Axis::kHeadDim) serves the heads of its attention block:
+// when the block is split, every rank holds it whole but sees only its heads.
+void mark_partial_grads(std::vector<PlanEntry>& entries, int tp) {
+  if (tp == 1) return;  // one rank sees every head
+  std::set<std::string> split_blocks;
+  for (const auto& e : entries)
+    if (is_linear(e.desc) && e.role != TpRole::kReplicated)
+      split_blocks.insert(e.desc.module.substr(0, e.desc.module.rfind('.')));
+  for (auto& e : entries) {
+    if (e.desc.axes != std::vector<Axis>{Axis::kHeadDim} || e.role != TpRole::kReplicated) continue;
+    if (!split_blocks.count(e.desc.module.substr(0, e.desc.module.rfind('.')))) continue;
+    e.partial_grad = true;
+    e.source += "; gradient summed over tp (applied to each rank's heads)";
   }
 }
 
@@ -370,6 +441,7 @@ TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
                       "tensor_parallel.partition_config.layer_specs[{}]: patterns {} match no parameter", s,
                       fmt::join(options.layer_specs[s].patterns, ", "));
   check_blocks(plan.entries_);
+  mark_partial_grads(plan.entries_, tp);
   return plan;
 }
 

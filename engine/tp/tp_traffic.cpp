@@ -16,8 +16,9 @@ TpStepShape tp_step_shape(const TpPlan& plan, int64_t num_layers) {
       if (e.role == TpRole::kRow && (kind == ParamKind::kLinear || kind == ParamKind::kConv1D)) ++s.row_linears[l];
     if (kind == ParamKind::kEmbedding && !embedding) embedding = &e;
     if (kind == ParamKind::kLmHead) head = &e;
-    // sum_shared_slices (tp/parallel_layers.h) sums these; a replicated tensor's gradient is whole on every rank.
-    if (!e.spec.is_replicated() && e.spec.has_overlap()) {
+    // sum_partial_grads (tp/parallel_layers.h) sums these; other replicated tensors' gradients are whole on
+    // every rank.
+    if (e.partial_grad || (!e.spec.is_replicated() && e.spec.has_overlap())) {
       int64_t global = 1;
       for (int64_t d : e.spec.global_shape()) global *= d;
       s.shared_numel.push_back(global);
@@ -60,13 +61,13 @@ std::vector<TpCollective> tp_step_collectives(const TpStepShape& shape) {
     add(1, 2 * N * 4, true, "cross-entropy sum-exp and target logit, fp32 (vocab_parallel_cross_entropy)");
     add(1, activation, true, "LM head input's gradient (lm_head_logits: copy_to_tp, backward)");
   }
-  // sum_shared_slices: one all-reduce of the whole gradient, at the step from the
+  // sum_partial_grads: one all-reduce of the whole gradient, at the step from the
   // accumulated gradients (stages 0-1; fp32 with fp32 accumulation), or with each
   // micro-batch's reduction in the model dtype (stages 2-3).
   const bool each_micro_batch = shape.zero_stage >= 2;
   const int64_t gradient = counted(shape.fp32_accumulation && !each_micro_batch ? 4 : shape.element_bytes);
   for (int64_t numel : shape.shared_numel)
-    add(1, numel * gradient, each_micro_batch, "shared kv slices' gradient, whole tensor (sum_shared_slices)");
+    add(1, numel * gradient, each_micro_batch, "shared kv slices' or per-head norms' gradient, whole tensor (sum_partial_grads)");
   return out;
 }
 

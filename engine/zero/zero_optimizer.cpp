@@ -537,7 +537,7 @@ void ZeroOptimizer::reduce_unit_grads(int unit) {
   torch::Tensor only = members.size() == 1 ? params[members[0]].tensor.grad() : torch::Tensor();
   if (only.defined() && only.is_contiguous() && only.numel() == u.length && only.scalar_type() == low_) {
     // A one-tensor unit without padding (an embedding, an LM head): its gradient is the bucket.
-    sum_shared_slices(params[members[0]].spec(), only, topo_.tp());
+    sum_partial_grads(*params[members[0]].entry, only, topo_.tp());
     buffer = only.view({-1});
     params[members[0]].tensor.mutable_grad().reset();
   } else {
@@ -545,7 +545,7 @@ void ZeroOptimizer::reduce_unit_grads(int unit) {
     for (size_t i : members) {
       torch::Tensor grad = params[i].tensor.mutable_grad();
       if (!grad.defined()) continue;
-      sum_shared_slices(params[i].spec(), grad, topo_.tp());
+      sum_partial_grads(*params[i].entry, grad, topo_.tp());
       buffer.narrow(0, layout_.offsets[i] - u.begin, layout_.numels[i]).copy_(grad.reshape({-1}));
       params[i].tensor.mutable_grad().reset();
     }
@@ -594,7 +594,7 @@ void ZeroOptimizer::sync_shared_grads(torch::Tensor& flat) {
   for (size_t i = 0; i < model_.parameters().size(); ++i) {
     const ShardSpec& spec = model_.parameters()[i].spec();
     auto local = flat.narrow(0, layout_.offsets[i], layout_.numels[i]).view(spec.local_shape(rank));
-    sum_shared_slices(spec, local, topo_.tp());
+    sum_partial_grads(*model_.parameters()[i].entry, local, topo_.tp());
   }
 }
 

@@ -61,14 +61,18 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
       l.out = shape[e.desc.out_dim()];
       l.row = e.role == TpRole::kRow;
       s.layer_linears.push_back(l);
-      const std::string& name = e.desc.name;
-      if (ends_with(name, "q_proj.weight") || ends_with(name, "c_attn.weight"))
-        s.local_heads = local_heads(config, e.spec, tp_rank).count;
-      if (ends_with(name, "k_proj.weight")) s.local_kv_heads = l.out / config.head_dim;
-      if (ends_with(name, "gate_proj.weight") || ends_with(name, "c_fc.weight")) s.local_intermediate = l.out;
+      // What the layer computes per rank, from the axis each projection writes.
+      const Axis out = e.desc.axes[e.desc.out_dim()];
+      if (out == Axis::kHeads || out == Axis::kQkv) s.local_heads = local_heads(config, e.spec, tp_rank).count;
+      if (out == Axis::kKvHeads) s.local_kv_heads = l.out / config.head_dim;
+      if (out == Axis::kQkv)  // [q | k | v]: the k part's width
+        s.local_kv_heads = (e.spec.is_replicated() ? config.num_kv_heads * config.head_dim
+                                                   : e.spec.segments(tp_rank).at(1).length) /
+                           config.head_dim;
+      if (out == Axis::kIntermediate) s.local_intermediate = l.out;
+      if (out == Axis::kGateUp) s.local_intermediate = l.out / 2;
     }
   }
-  if (s.gpt2) s.local_kv_heads = s.local_heads;
   return s;
 }
 

@@ -1,10 +1,11 @@
 // Reference HF forward passes in plain LibTorch ops. Deliberately simple and
 // independent of engine/: one function per architecture family, written top to
-// bottom the way modeling_llama.py / modeling_gpt2.py read.
+// bottom the way modeling_llama.py / modeling_gemma2.py / modeling_gpt2.py read.
 #include "support/reference_models.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -33,6 +34,13 @@ T get_or(const json& config, const char* key, T fallback) {
   return has(config, key) ? config.at(key).get<T>() : fallback;
 }
 
+// For keys where null means "off": absent -> fallback, null -> nullopt, else the value.
+std::optional<double> nullable_number(const json& config, const char* key, std::optional<double> fallback) {
+  if (!config.contains(key)) return fallback;
+  if (config.at(key).is_null()) return std::nullopt;
+  return config.at(key).get<double>();
+}
+
 template <typename T>
 T require(const json& config, const char* key) {
   if (!has(config, key)) fail(std::string("config lacks required key '") + key + "'");
@@ -53,11 +61,25 @@ std::string shape_str(const Shape& shape) {
   return out + "]";
 }
 
+// Keys every path rejects: transformers v5 moves rope_theta / rope_scaling into
+// "rope_parameters" (per layer type for Gemma 3), which the reference does not read.
+void reject_unmodelled_common(const json& config) {
+  if (has(config, "rope_parameters"))
+    fail("config key 'rope_parameters' is not supported (use rope_theta / rope_scaling)");
+  if (get_or<double>(config, "partial_rotary_factor", 1.0) != 1.0) fail("partial_rotary_factor != 1 is not supported");
+}
+
+std::string rope_type_of(const json& rope_scaling) {
+  return rope_scaling.value("rope_type", rope_scaling.value("type", std::string("default")));
+}
+
 // ---------------------------------------------------------------------------
 // Parameter specifications
 // ---------------------------------------------------------------------------
 
-enum class Init { kMatrix, kNorm, kBias };
+// kNorm: a weight the norm multiplies by (1 + normal(0, 0.1) when random);
+// kGemmaNorm: Gemma's norm multiplies by (1 + weight), so normal(0, 0.1) when random.
+enum class Init { kMatrix, kNorm, kGemmaNorm, kBias };
 
 struct ParamSpec {
   std::string name;
@@ -122,23 +144,28 @@ void check_input_ids(const torch::Tensor& input_ids, int64_t vocab) {
   }
 }
 
-// Boolean [T, T] mask, true above the diagonal (key position after query position).
-torch::Tensor future_mask(int64_t seq) {
-  return torch::ones({seq, seq}, torch::kBool).triu(1);
+// Boolean [T, T] mask, true where a key is hidden: after the query, or with
+// window > 0 window or more positions before it (HF's sliding_window_overlay keeps
+// kv > q - window).
+torch::Tensor hidden_keys_mask(int64_t seq, int64_t window) {
+  torch::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
+  if (window > 0) {
+    auto distance = torch::arange(seq).view({-1, 1}) - torch::arange(seq).view({1, -1});  // query - key
+    mask = mask.logical_or(distance >= window);
+  }
+  return mask;
 }
-
-// ---------------------------------------------------------------------------
-// Llama / Mistral / Qwen2
-// ---------------------------------------------------------------------------
-
-enum class LlamaVariant { kLlama, kMistral, kQwen2 };
 
 }  // namespace
 
 // HF's rope_scaling types (transformers' modeling_rope_utils), one frequency at a
 // time in double precision.
 RopeReference reference_rope(const json& rs, double theta, int64_t dim, int64_t max_positions, int64_t seq) {
-  const std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+  const std::string type = rope_type_of(rs);
+  if (type != "default" && type != "linear" && type != "dynamic" && type != "yarn" && type != "llama3" &&
+      type != "longrope") {
+    fail("rope_scaling type '" + type + "' is not supported");
+  }
   auto number = [&](const char* key, double fallback) {
     return rs.contains(key) && !rs[key].is_null() ? rs[key].get<double>() : fallback;
   };
@@ -164,6 +191,26 @@ RopeReference reference_rope(const json& rs, double theta, int64_t dim, int64_t 
                              ? rs["attention_factor"].get<double>()
                              : (m != 0 && m_all != 0 ? mscale(factor, m) / mscale(factor, m_all) : mscale(factor, 1));
   }
+  // longrope: per-frequency extension factors, long ones once the sequence
+  // outgrows the pretraining context (HF: max(position_ids) + 1 > original).
+  std::vector<double> extension;
+  if (type == "longrope") {
+    if (original <= 0) fail("longrope: original_max_position_embeddings must be positive");
+    // A given factor wins (transformers 5; 4.5x used the ratio whenever the config
+    // had a top-level original_max_position_embeddings).
+    const double scale = number("factor", max_positions / original);
+    r.attention_factor = rs.contains("attention_factor") && !rs["attention_factor"].is_null()
+                             ? rs["attention_factor"].get<double>()
+                             : (scale <= 1 ? 1.0 : std::sqrt(1 + std::log(scale) / std::log(original)));
+    for (const char* key : {"short_factor", "long_factor"}) {  // both required, as in HF
+      if (!rs.contains(key) || !rs[key].is_array())
+        fail(std::string("longrope: rope_scaling lacks the list '") + key + "'");
+      if (static_cast<int64_t>(rs[key].size()) != dim / 2)
+        fail(std::string("longrope: ") + key + " has " + std::to_string(rs[key].size()) + " entries, expected " +
+             std::to_string(dim / 2));
+    }
+    extension = rs[seq > original ? "long_factor" : "short_factor"].get<std::vector<double>>();
+  }
   for (int64_t i = 0; i < dim / 2; ++i) {
     const double plain = 1.0 / std::pow(base, 2.0 * i / dim);
     double f = plain;
@@ -182,6 +229,7 @@ RopeReference reference_rope(const json& rs, double theta, int64_t dim, int64_t 
       const double extrapolate = 1 - std::clamp((i - low) / (high - low), 0.0, 1.0);
       f = plain / factor * (1 - extrapolate) + plain * extrapolate;
     }
+    if (type == "longrope") f = plain / extension[i];
     r.inv_freq.push_back(f);
   }
   return r;
@@ -189,115 +237,25 @@ RopeReference reference_rope(const json& rs, double theta, int64_t dim, int64_t 
 
 namespace {
 
-struct LlamaSpec {
-  LlamaVariant variant = LlamaVariant::kLlama;
-  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  double eps = 1e-6, theta = 10000.0;
-  int64_t max_positions = 2048;
-  json rope_scaling;  // null: plain rotary
-  bool qkv_bias = false, o_bias = false, mlp_bias = false, tie = false;
-  std::vector<int64_t> window;  // per layer: keys at most window - 1 positions back (0: all earlier keys)
-};
-
-LlamaSpec parse_llama(const json& config) {
-  LlamaSpec s;
-  const std::string arch = architecture(config);
-  const std::string model_type = get_or<std::string>(config, "model_type", "");
-  if (arch == "LlamaForCausalLM" || (arch.empty() && (model_type.empty() || model_type == "llama"))) {
-    s.variant = LlamaVariant::kLlama;
-  } else if (arch == "MistralForCausalLM" || (arch.empty() && model_type == "mistral")) {
-    s.variant = LlamaVariant::kMistral;
-  } else if (arch == "Qwen2ForCausalLM" || (arch.empty() && model_type == "qwen2")) {
-    s.variant = LlamaVariant::kQwen2;
+// cos / sin tables [T, head_dim] as LlamaRotaryEmbedding builds them: in fp32
+// (default rope straight from theta as HF computes it, scaled types from
+// reference_rope), times the attention factor, cast to the model dtype.
+std::pair<torch::Tensor, torch::Tensor> rotary_tables(const json& rope_scaling, double theta, int64_t head_dim,
+                                                      int64_t max_positions, int64_t seq, torch::ScalarType dtype) {
+  torch::Tensor inv_freq;
+  double attention_factor = 1;
+  if (rope_scaling.is_null()) {
+    inv_freq = torch::reciprocal(torch::pow(
+        theta, torch::arange(0, head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(head_dim)));
   } else {
-    fail("llama path does not handle architecture '" + arch + "' / model_type '" + model_type + "'");
+    const RopeReference r = reference_rope(rope_scaling, theta, head_dim, max_positions, seq);
+    inv_freq = torch::tensor(r.inv_freq, torch::kDouble).to(torch::kFloat);
+    attention_factor = r.attention_factor;
   }
-  s.vocab = require<int64_t>(config, "vocab_size");
-  s.hidden = require<int64_t>(config, "hidden_size");
-  s.intermediate = require<int64_t>(config, "intermediate_size");
-  s.layers = require<int64_t>(config, "num_hidden_layers");
-  s.heads = require<int64_t>(config, "num_attention_heads");
-  s.kv_heads = get_or<int64_t>(config, "num_key_value_heads", s.heads);
-  if (s.heads <= 0 || s.kv_heads <= 0 || s.heads % s.kv_heads != 0) {
-    fail("num_attention_heads must be a positive multiple of num_key_value_heads");
-  }
-  if (!has(config, "head_dim") && s.hidden % s.heads != 0) fail("hidden_size not divisible by heads");
-  s.head_dim = get_or<int64_t>(config, "head_dim", s.hidden / s.heads);
-  if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("head_dim must be positive and even for rotary");
-  s.eps = get_or<double>(config, "rms_norm_eps", 1e-6);
-  s.theta = get_or<double>(config, "rope_theta", 10000.0);
-  s.tie = get_or<bool>(config, "tie_word_embeddings", false);
-
-  const std::string act = get_or<std::string>(config, "hidden_act", "silu");
-  if (act != "silu") fail("hidden_act '" + act + "' is not supported (only silu)");
-  s.max_positions = get_or<int64_t>(config, "max_position_embeddings", 2048);
-  if (has(config, "rope_scaling")) {
-    s.rope_scaling = config.at("rope_scaling");
-    const std::string type = s.rope_scaling.value("rope_type", s.rope_scaling.value("type", std::string()));
-    if (type != "linear" && type != "dynamic" && type != "yarn" && type != "llama3" && type != "default")
-      fail("rope_scaling type '" + type + "' is not supported");
-  }
-  if (get_or<double>(config, "partial_rotary_factor", 1.0) != 1.0) fail("partial_rotary_factor != 1 is not supported");
-
-  if (s.variant == LlamaVariant::kQwen2) {
-    // Qwen2Attention: q/k/v always biased, o_proj never; Qwen2MLP has no biases.
-    s.qkv_bias = true;
-    s.o_bias = false;
-    s.mlp_bias = false;
-  } else {
-    s.qkv_bias = s.o_bias = get_or<bool>(config, "attention_bias", false);
-    s.mlp_bias = get_or<bool>(config, "mlp_bias", false);
-  }
-  // Sliding windows (MistralAttention: every layer; Qwen2Config: with use_sliding_window,
-  // the layers layer_types marks, by default those from max_window_layers on).
-  s.window.assign(s.layers, 0);
-  // An absent sliding_window is the configs' default, 4096; null is none.
-  const bool windowed = !(config.contains("sliding_window") && config.at("sliding_window").is_null()) &&
-                        (s.variant == LlamaVariant::kMistral ||
-                         (s.variant == LlamaVariant::kQwen2 && get_or<bool>(config, "use_sliding_window", false)));
-  if (windowed) {
-    const int64_t window = get_or<int64_t>(config, "sliding_window", 4096);
-    for (int64_t l = 0; l < s.layers; ++l) {
-      bool sliding = true;
-      if (s.variant == LlamaVariant::kQwen2)
-        sliding = has(config, "layer_types") ? config.at("layer_types").at(l) == "sliding_attention"
-                                             : l >= get_or<int64_t>(config, "max_window_layers", 28);
-      if (sliding) s.window[l] = window;
-    }
-  }
-  return s;
-}
-
-std::vector<ParamSpec> llama_params(const LlamaSpec& s) {
-  std::vector<ParamSpec> p;
-  p.push_back({"model.embed_tokens.weight", {s.vocab, s.hidden}, Init::kMatrix});
-  const int64_t q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-  for (int64_t l = 0; l < s.layers; ++l) {
-    const std::string pre = "model.layers." + std::to_string(l) + ".";
-    p.push_back({pre + "input_layernorm.weight", {s.hidden}, Init::kNorm});
-    p.push_back({pre + "self_attn.q_proj.weight", {q_dim, s.hidden}, Init::kMatrix});
-    p.push_back({pre + "self_attn.k_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
-    p.push_back({pre + "self_attn.v_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
-    p.push_back({pre + "self_attn.o_proj.weight", {s.hidden, q_dim}, Init::kMatrix});
-    if (s.qkv_bias) {
-      p.push_back({pre + "self_attn.q_proj.bias", {q_dim}, Init::kBias});
-      p.push_back({pre + "self_attn.k_proj.bias", {kv_dim}, Init::kBias});
-      p.push_back({pre + "self_attn.v_proj.bias", {kv_dim}, Init::kBias});
-    }
-    if (s.o_bias) p.push_back({pre + "self_attn.o_proj.bias", {s.hidden}, Init::kBias});
-    p.push_back({pre + "post_attention_layernorm.weight", {s.hidden}, Init::kNorm});
-    p.push_back({pre + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
-    p.push_back({pre + "mlp.up_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
-    p.push_back({pre + "mlp.down_proj.weight", {s.hidden, s.intermediate}, Init::kMatrix});
-    if (s.mlp_bias) {
-      p.push_back({pre + "mlp.gate_proj.bias", {s.intermediate}, Init::kBias});
-      p.push_back({pre + "mlp.up_proj.bias", {s.intermediate}, Init::kBias});
-      p.push_back({pre + "mlp.down_proj.bias", {s.hidden}, Init::kBias});
-    }
-  }
-  p.push_back({"model.norm.weight", {s.hidden}, Init::kNorm});
-  if (!s.tie) p.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kMatrix});
-  return p;
+  torch::Tensor positions = torch::arange(seq, torch::kLong).to(torch::kFloat);
+  torch::Tensor freqs = torch::outer(positions, inv_freq);  // [T, head_dim/2]
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);      // [T, head_dim]
+  return {(emb.cos() * attention_factor).to(dtype), (emb.sin() * attention_factor).to(dtype)};
 }
 
 // nn.Linear: y = x @ W^T + b, W is [out, in].
@@ -316,11 +274,203 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return weight * xf.to(input_dtype);
 }
 
+// Gemma2RMSNorm / Gemma3RMSNorm: in fp32 x * rsqrt(mean(x^2) + eps) * (1 + weight),
+// then cast back (Llama casts before the weight, Gemma after).
+torch::Tensor gemma_rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  torch::Tensor xf = x.to(torch::kFloat);
+  xf = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (xf * (1.0 + weight.to(torch::kFloat))).to(x.scalar_type());
+}
+
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   torch::Tensor x1 = x.narrow(-1, 0, half);
   torch::Tensor x2 = x.narrow(-1, half, half);
   return torch::cat({-x2, x1}, -1);
+}
+
+// repeat_kv: kv head j serves query heads j*groups .. (j+1)*groups-1. x: [B, KV, T, D].
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
+  const int64_t batch = x.size(0), kv_heads = x.size(1), seq = x.size(2), dim = x.size(3);
+  return x.unsqueeze(2).expand({batch, kv_heads, groups, seq, dim}).reshape({batch, kv_heads * groups, seq, dim});
+}
+
+// cap * tanh(x / cap): Gemma's soft-capping of attention scores and final logits.
+torch::Tensor soft_cap(const torch::Tensor& x, double cap) { return torch::tanh(x / cap) * cap; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Llama / Mistral / Qwen2 / Qwen3 / Phi-3
+// ---------------------------------------------------------------------------
+
+namespace {
+
+enum class LlamaVariant { kLlama, kMistral, kQwen2, kQwen3, kPhi3 };
+
+struct LlamaSpec {
+  LlamaVariant variant = LlamaVariant::kLlama;
+  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double eps = 1e-6, theta = 10000.0;
+  int64_t max_positions = 2048;
+  json rope_scaling;  // null: plain rotary
+  bool qkv_bias = false, o_bias = false, mlp_bias = false, tie = false;
+  bool qk_norm = false;  // Qwen3: self_attn.q_norm / k_norm over each head
+  bool fused = false;    // Phi-3: self_attn.qkv_proj and mlp.gate_up_proj
+  std::vector<int64_t> window;  // per layer: keys at most window - 1 positions back (0: all earlier keys)
+};
+
+LlamaSpec parse_llama(const json& config) {
+  LlamaSpec s;
+  const std::string arch = architecture(config);
+  const std::string model_type = get_or<std::string>(config, "model_type", "");
+  if (arch == "LlamaForCausalLM" || (arch.empty() && (model_type.empty() || model_type == "llama"))) {
+    s.variant = LlamaVariant::kLlama;
+  } else if (arch == "MistralForCausalLM" || (arch.empty() && model_type == "mistral")) {
+    s.variant = LlamaVariant::kMistral;
+  } else if (arch == "Qwen2ForCausalLM" || (arch.empty() && model_type == "qwen2")) {
+    s.variant = LlamaVariant::kQwen2;
+  } else if (arch == "Qwen3ForCausalLM" || (arch.empty() && model_type == "qwen3")) {
+    s.variant = LlamaVariant::kQwen3;
+  } else if (arch == "Phi3ForCausalLM" || (arch.empty() && model_type == "phi3")) {
+    s.variant = LlamaVariant::kPhi3;
+  } else {
+    fail("llama path does not handle architecture '" + arch + "' / model_type '" + model_type + "'");
+  }
+  const bool qwen3 = s.variant == LlamaVariant::kQwen3, phi3 = s.variant == LlamaVariant::kPhi3;
+  reject_unmodelled_common(config);
+  s.vocab = require<int64_t>(config, "vocab_size");
+  s.hidden = require<int64_t>(config, "hidden_size");
+  s.intermediate = require<int64_t>(config, "intermediate_size");
+  s.layers = require<int64_t>(config, "num_hidden_layers");
+  s.heads = require<int64_t>(config, "num_attention_heads");
+  // Qwen3Config: num_key_value_heads defaults to 32 (None: num_attention_heads).
+  s.kv_heads = qwen3 && !config.contains("num_key_value_heads")
+                   ? 32
+                   : get_or<int64_t>(config, "num_key_value_heads", s.heads);
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.heads % s.kv_heads != 0) {
+    fail("num_attention_heads must be a positive multiple of num_key_value_heads");
+  }
+  if (qwen3) {
+    s.head_dim = get_or<int64_t>(config, "head_dim", 128);  // Qwen3Config default
+  } else {
+    if (!has(config, "head_dim") && s.hidden % s.heads != 0) fail("hidden_size not divisible by heads");
+    s.head_dim = get_or<int64_t>(config, "head_dim", s.hidden / s.heads);
+  }
+  if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("head_dim must be positive and even for rotary");
+  s.eps = get_or<double>(config, "rms_norm_eps", phi3 ? 1e-5 : 1e-6);
+  s.theta = get_or<double>(config, "rope_theta", 10000.0);
+  s.tie = get_or<bool>(config, "tie_word_embeddings", false);
+
+  const std::string act = get_or<std::string>(config, "hidden_act", "silu");
+  if (act != "silu") fail("hidden_act '" + act + "' is not supported (only silu)");
+  s.max_positions = get_or<int64_t>(config, "max_position_embeddings", phi3 ? 4096 : qwen3 ? 32768 : 2048);
+  if (has(config, "rope_scaling")) {
+    s.rope_scaling = config.at("rope_scaling");
+    std::string type = rope_type_of(s.rope_scaling);
+    // Phi3Config renames the legacy "su" / "yarn" types to longrope.
+    if (phi3 && (type == "su" || type == "yarn")) {
+      type = "longrope";
+      s.rope_scaling["rope_type"] = type;
+      s.rope_scaling.erase("type");
+    }
+    if (type != "linear" && type != "dynamic" && type != "yarn" && type != "llama3" && type != "longrope" &&
+        type != "default")
+      fail("rope_scaling type '" + type + "' is not supported");
+    if (phi3 && type != "longrope" && type != "default") fail("Phi3 rope_scaling must be longrope, got '" + type + "'");
+    if (get_or<double>(s.rope_scaling, "partial_rotary_factor", 1.0) != 1.0)
+      fail("partial_rotary_factor != 1 is not supported");
+    // HF's standardize_rope_params: a top-level original_max_position_embeddings wins
+    // over the one in rope_scaling; Phi3Config always has one (default 4096).
+    if (type == "longrope" && (phi3 || has(config, "original_max_position_embeddings")))
+      s.rope_scaling["original_max_position_embeddings"] =
+          get_or<int64_t>(config, "original_max_position_embeddings", 4096);
+  }
+
+  if (s.variant == LlamaVariant::kQwen2) {
+    // Qwen2Attention: q/k/v always biased, o_proj never; Qwen2MLP has no biases.
+    s.qkv_bias = true;
+    s.o_bias = false;
+    s.mlp_bias = false;
+  } else if (qwen3) {
+    // Qwen3Attention: all four projections biased iff attention_bias; Qwen3MLP has none.
+    s.qkv_bias = s.o_bias = get_or<bool>(config, "attention_bias", false);
+    s.mlp_bias = false;
+    s.qk_norm = true;
+  } else if (phi3) {
+    s.fused = true;  // Phi3 has no biases at all
+  } else {
+    s.qkv_bias = s.o_bias = get_or<bool>(config, "attention_bias", false);
+    s.mlp_bias = get_or<bool>(config, "mlp_bias", false);
+  }
+  // Sliding windows. MistralAttention: every layer, absent means the default
+  // 4096. Qwen2Config / Qwen3Config: only with use_sliding_window, on the layers
+  // layer_types marks, by default those from max_window_layers on. Phi3Config:
+  // every layer when sliding_window is set (default None). Null is no window.
+  s.window.assign(s.layers, 0);
+  const bool qwen = s.variant == LlamaVariant::kQwen2 || qwen3;
+  const bool null_window = config.contains("sliding_window") && config.at("sliding_window").is_null();
+  const bool windowed = !null_window && (s.variant == LlamaVariant::kMistral ||
+                                         (qwen && get_or<bool>(config, "use_sliding_window", false)) ||
+                                         (phi3 && has(config, "sliding_window")));
+  if (windowed) {
+    const int64_t window = get_or<int64_t>(config, "sliding_window", 4096);
+    if (window <= 0) fail("sliding_window must be positive");
+    if (qwen && has(config, "layer_types") && static_cast<int64_t>(config.at("layer_types").size()) != s.layers)
+      fail("layer_types must have num_hidden_layers entries");
+    for (int64_t l = 0; l < s.layers; ++l) {
+      bool sliding = true;
+      if (qwen)
+        sliding = has(config, "layer_types") ? config.at("layer_types").at(l) == "sliding_attention"
+                                             : l >= get_or<int64_t>(config, "max_window_layers", 28);
+      if (sliding) s.window[l] = window;
+    }
+  }
+  return s;
+}
+
+std::vector<ParamSpec> llama_params(const LlamaSpec& s) {
+  std::vector<ParamSpec> p;
+  p.push_back({"model.embed_tokens.weight", {s.vocab, s.hidden}, Init::kMatrix});
+  const int64_t q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    p.push_back({pre + "input_layernorm.weight", {s.hidden}, Init::kNorm});
+    if (s.fused) {
+      p.push_back({pre + "self_attn.qkv_proj.weight", {q_dim + 2 * kv_dim, s.hidden}, Init::kMatrix});
+    } else {
+      p.push_back({pre + "self_attn.q_proj.weight", {q_dim, s.hidden}, Init::kMatrix});
+      p.push_back({pre + "self_attn.k_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
+      p.push_back({pre + "self_attn.v_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
+    }
+    p.push_back({pre + "self_attn.o_proj.weight", {s.hidden, q_dim}, Init::kMatrix});
+    if (s.qkv_bias) {
+      p.push_back({pre + "self_attn.q_proj.bias", {q_dim}, Init::kBias});
+      p.push_back({pre + "self_attn.k_proj.bias", {kv_dim}, Init::kBias});
+      p.push_back({pre + "self_attn.v_proj.bias", {kv_dim}, Init::kBias});
+    }
+    if (s.o_bias) p.push_back({pre + "self_attn.o_proj.bias", {s.hidden}, Init::kBias});
+    if (s.qk_norm) {
+      p.push_back({pre + "self_attn.q_norm.weight", {s.head_dim}, Init::kNorm});
+      p.push_back({pre + "self_attn.k_norm.weight", {s.head_dim}, Init::kNorm});
+    }
+    p.push_back({pre + "post_attention_layernorm.weight", {s.hidden}, Init::kNorm});
+    if (s.fused) {
+      p.push_back({pre + "mlp.gate_up_proj.weight", {2 * s.intermediate, s.hidden}, Init::kMatrix});
+    } else {
+      p.push_back({pre + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
+      p.push_back({pre + "mlp.up_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
+    }
+    p.push_back({pre + "mlp.down_proj.weight", {s.hidden, s.intermediate}, Init::kMatrix});
+    if (s.mlp_bias) {
+      p.push_back({pre + "mlp.gate_proj.bias", {s.intermediate}, Init::kBias});
+      p.push_back({pre + "mlp.up_proj.bias", {s.intermediate}, Init::kBias});
+      p.push_back({pre + "mlp.down_proj.bias", {s.hidden}, Init::kBias});
+    }
+  }
+  p.push_back({"model.norm.weight", {s.hidden}, Init::kNorm});
+  if (!s.tie) p.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kMatrix});
+  return p;
 }
 
 }  // namespace
@@ -336,61 +486,61 @@ torch::Tensor reference_llama_logits(const nlohmann::json& config,
   auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(name); };
   auto maybe = [&](bool present, const std::string& name) { return present ? w(name) : torch::Tensor(); };
 
-  // Rotary tables (LlamaRotaryEmbedding): computed in fp32, cast to the model dtype.
-  torch::Tensor inv_freq;
-  double attention_factor = 1;
-  if (s.rope_scaling.is_null()) {
-    inv_freq = torch::reciprocal(torch::pow(
-        s.theta, torch::arange(0, s.head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(s.head_dim)));
-  } else {
-    const RopeReference r = reference_rope(s.rope_scaling, s.theta, s.head_dim, s.max_positions, seq);
-    inv_freq = torch::tensor(r.inv_freq, torch::kDouble).to(torch::kFloat);
-    attention_factor = r.attention_factor;
-  }
-  torch::Tensor positions = torch::arange(seq, torch::kLong).to(torch::kFloat);
-  torch::Tensor freqs = torch::outer(positions, inv_freq);  // [T, head_dim/2]
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1);      // [T, head_dim]
-  torch::Tensor cos = (emb.cos() * attention_factor).to(dtype), sin = (emb.sin() * attention_factor).to(dtype);
-
+  const auto [cos, sin] = rotary_tables(s.rope_scaling, s.theta, s.head_dim, s.max_positions, seq, dtype);
   const int64_t groups = s.heads / s.kv_heads;
+  const int64_t q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
   const double scaling = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
 
   torch::Tensor h = embed(w("model.embed_tokens.weight"), input_ids);
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
-    // Hidden keys: later positions, and with a window those window or more positions back.
-    torch::Tensor mask = future_mask(seq);
-    if (s.window[l] > 0) {
-      auto distance = torch::arange(seq).view({-1, 1}) - torch::arange(seq).view({1, -1});  // query - key
-      mask = mask.logical_or(distance >= s.window[l]);
-    }
+    const torch::Tensor mask = hidden_keys_mask(seq, s.window[l]);
 
     // Self-attention block.
     torch::Tensor residual = h;
     torch::Tensor x = rms_norm(h, w(pre + "input_layernorm.weight"), s.eps);
-    torch::Tensor q = linear(x, w(pre + "self_attn.q_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.q_proj.bias"));
-    torch::Tensor k = linear(x, w(pre + "self_attn.k_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.k_proj.bias"));
-    torch::Tensor v = linear(x, w(pre + "self_attn.v_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.v_proj.bias"));
-    q = q.view({batch, seq, s.heads, s.head_dim}).transpose(1, 2);     // [B, H, T, D]
-    k = k.view({batch, seq, s.kv_heads, s.head_dim}).transpose(1, 2);  // [B, KV, T, D]
-    v = v.view({batch, seq, s.kv_heads, s.head_dim}).transpose(1, 2);
+    torch::Tensor q, k, v;
+    if (s.fused) {  // Phi3Attention: qkv_proj rows are q | k | v
+      torch::Tensor qkv = linear(x, w(pre + "self_attn.qkv_proj.weight"), torch::Tensor());
+      auto parts = qkv.split_with_sizes({q_dim, kv_dim, kv_dim}, -1);
+      q = parts[0], k = parts[1], v = parts[2];
+    } else {
+      q = linear(x, w(pre + "self_attn.q_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.q_proj.bias"));
+      k = linear(x, w(pre + "self_attn.k_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.k_proj.bias"));
+      v = linear(x, w(pre + "self_attn.v_proj.weight"), maybe(s.qkv_bias, pre + "self_attn.v_proj.bias"));
+    }
+    q = q.reshape({batch, seq, s.heads, s.head_dim});
+    k = k.reshape({batch, seq, s.kv_heads, s.head_dim});
+    if (s.qk_norm) {  // Qwen3: RMSNorm over each head's head_dim values, before RoPE
+      q = rms_norm(q, w(pre + "self_attn.q_norm.weight"), s.eps);
+      k = rms_norm(k, w(pre + "self_attn.k_norm.weight"), s.eps);
+    }
+    q = q.transpose(1, 2);                                                // [B, H, T, D]
+    k = k.transpose(1, 2);                                                // [B, KV, T, D]
+    v = v.reshape({batch, seq, s.kv_heads, s.head_dim}).transpose(1, 2);  // [B, KV, T, D]
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
-    // repeat_kv: kv head j serves query heads j*groups .. (j+1)*groups-1.
-    k = k.unsqueeze(2).expand({batch, s.kv_heads, groups, seq, s.head_dim}).reshape({batch, s.heads, seq, s.head_dim});
-    v = v.unsqueeze(2).expand({batch, s.kv_heads, groups, seq, s.head_dim}).reshape({batch, s.heads, seq, s.head_dim});
+    k = repeat_kv(k, groups);
+    v = repeat_kv(v, groups);
     torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
     scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
     torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(dtype);
-    torch::Tensor attn = torch::matmul(probs, v).transpose(1, 2).reshape({batch, seq, s.heads * s.head_dim});
+    torch::Tensor attn = torch::matmul(probs, v).transpose(1, 2).reshape({batch, seq, q_dim});
     attn = linear(attn, w(pre + "self_attn.o_proj.weight"), maybe(s.o_bias, pre + "self_attn.o_proj.bias"));
     h = residual + attn;
 
     // MLP block: down(silu(gate(x)) * up(x)).
     residual = h;
     x = rms_norm(h, w(pre + "post_attention_layernorm.weight"), s.eps);
-    torch::Tensor gate = linear(x, w(pre + "mlp.gate_proj.weight"), maybe(s.mlp_bias, pre + "mlp.gate_proj.bias"));
-    torch::Tensor up = linear(x, w(pre + "mlp.up_proj.weight"), maybe(s.mlp_bias, pre + "mlp.up_proj.bias"));
+    torch::Tensor gate, up;
+    if (s.fused) {  // Phi3MLP: gate_up_proj rows are gate | up
+      torch::Tensor gate_up = linear(x, w(pre + "mlp.gate_up_proj.weight"), torch::Tensor());
+      gate = gate_up.narrow(-1, 0, s.intermediate);
+      up = gate_up.narrow(-1, s.intermediate, s.intermediate);
+    } else {
+      gate = linear(x, w(pre + "mlp.gate_proj.weight"), maybe(s.mlp_bias, pre + "mlp.gate_proj.bias"));
+      up = linear(x, w(pre + "mlp.up_proj.weight"), maybe(s.mlp_bias, pre + "mlp.up_proj.bias"));
+    }
     torch::Tensor down = linear(torch::silu(gate) * up, w(pre + "mlp.down_proj.weight"),
                                 maybe(s.mlp_bias, pre + "mlp.down_proj.bias"));
     h = residual + down;
@@ -398,6 +548,210 @@ torch::Tensor reference_llama_logits(const nlohmann::json& config,
   h = rms_norm(h, w("model.norm.weight"), s.eps);
   const torch::Tensor& head = s.tie ? w("model.embed_tokens.weight") : w("lm_head.weight");
   return torch::matmul(h, head.t()).to(torch::kFloat);
+}
+
+// ---------------------------------------------------------------------------
+// Gemma 2 / Gemma 3 (text)
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct GemmaSpec {
+  int version = 2;  // 2: Gemma2ForCausalLM, 3: Gemma3ForCausalLM
+  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double eps = 1e-6;
+  double theta = 10000.0;        // full-attention layers (every layer on Gemma 2)
+  double local_theta = 10000.0;  // Gemma 3 sliding layers
+  int64_t max_positions = 8192;
+  json rope_scaling;  // full-attention layers only on Gemma 3; null: plain rotary
+  double scaling = 1.0 / 16;  // query_pre_attn_scalar^-0.5
+  std::optional<double> attn_softcap, final_softcap;
+  bool bias = false, tie = true;
+  std::vector<bool> sliding;  // per layer
+  int64_t window = 0;         // on sliding layers: keys at most window - 1 positions back (0: all)
+};
+
+GemmaSpec parse_gemma(const json& config) {
+  GemmaSpec s;
+  const std::string arch = architecture(config);
+  const std::string model_type = get_or<std::string>(config, "model_type", "");
+  if (arch == "Gemma2ForCausalLM" || (arch.empty() && model_type == "gemma2")) {
+    s.version = 2;
+  } else if (arch == "Gemma3ForCausalLM" || (arch.empty() && model_type == "gemma3_text")) {
+    s.version = 3;
+  } else {
+    fail("gemma path does not handle architecture '" + arch + "' / model_type '" + model_type + "'");
+  }
+  const bool gemma2 = s.version == 2;
+  reject_unmodelled_common(config);
+  if (get_or<bool>(config, "use_bidirectional_attention", false)) fail("use_bidirectional_attention is not supported");
+  // Defaults from Gemma2Config / Gemma3TextConfig.
+  s.vocab = require<int64_t>(config, "vocab_size");
+  s.hidden = require<int64_t>(config, "hidden_size");
+  s.intermediate = require<int64_t>(config, "intermediate_size");
+  s.layers = require<int64_t>(config, "num_hidden_layers");
+  s.heads = require<int64_t>(config, "num_attention_heads");
+  s.kv_heads = get_or<int64_t>(config, "num_key_value_heads", 4);
+  if (s.heads <= 0 || s.kv_heads <= 0 || s.heads % s.kv_heads != 0) {
+    fail("num_attention_heads must be a positive multiple of num_key_value_heads");
+  }
+  s.head_dim = get_or<int64_t>(config, "head_dim", 256);
+  if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("head_dim must be positive and even for rotary");
+  s.eps = get_or<double>(config, "rms_norm_eps", 1e-6);
+  // Gemma's MLP reads hidden_activation (hidden_act, also in Gemma 2 configs, is unused).
+  const std::string act = get_or<std::string>(config, "hidden_activation", "gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh") fail("hidden_activation '" + act + "' is not supported (only gelu_pytorch_tanh)");
+  const double pre_attn_scalar = get_or<double>(config, "query_pre_attn_scalar", 256.0);
+  if (pre_attn_scalar <= 0) fail("query_pre_attn_scalar must be positive");
+  s.scaling = 1.0 / std::sqrt(pre_attn_scalar);
+  const auto gemma2_only = [&](double value) { return gemma2 ? std::optional<double>(value) : std::nullopt; };
+  s.attn_softcap = nullable_number(config, "attn_logit_softcapping", gemma2_only(50.0));
+  s.final_softcap = nullable_number(config, "final_logit_softcapping", gemma2_only(30.0));
+  if ((s.attn_softcap && *s.attn_softcap <= 0) || (s.final_softcap && *s.final_softcap <= 0))
+    fail("soft-capping values must be positive");
+  s.theta = get_or<double>(config, "rope_theta", gemma2 ? 10000.0 : 1000000.0);
+  s.local_theta = gemma2 ? s.theta : get_or<double>(config, "rope_local_base_freq", 10000.0);
+  s.max_positions = get_or<int64_t>(config, "max_position_embeddings", gemma2 ? 8192 : 131072);
+  if (has(config, "rope_scaling")) {
+    s.rope_scaling = config.at("rope_scaling");
+    const std::string type = rope_type_of(s.rope_scaling);
+    if (type != "linear" && type != "dynamic" && type != "yarn" && type != "llama3" && type != "default")
+      fail("rope_scaling type '" + type + "' is not supported for Gemma");
+    if (get_or<double>(s.rope_scaling, "partial_rotary_factor", 1.0) != 1.0)
+      fail("partial_rotary_factor != 1 is not supported");
+  }
+  s.bias = get_or<bool>(config, "attention_bias", false);
+  s.tie = get_or<bool>(config, "tie_word_embeddings", true);
+
+  // Layer types: layer_types, else Gemma 2 alternates starting with a sliding
+  // layer 0 and Gemma 3 makes every sliding_window_pattern-th layer (1-based) full.
+  if (has(config, "layer_types")) {
+    const json& types = config.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != s.layers)
+      fail("layer_types must be a list of num_hidden_layers entries");
+    for (const auto& t : types) {
+      const std::string type = t.get<std::string>();
+      if (type != "sliding_attention" && type != "full_attention") fail("layer type '" + type + "' is not supported");
+      s.sliding.push_back(type == "sliding_attention");
+    }
+  } else {
+    const int64_t pattern = gemma2 ? 2 : get_or<int64_t>(config, "sliding_window_pattern", 6);
+    if (pattern <= 0) fail("sliding_window_pattern must be positive");
+    for (int64_t l = 0; l < s.layers; ++l) s.sliding.push_back((l + 1) % pattern != 0);
+  }
+  // An absent sliding_window is the configs' default, 4096; null is none.
+  if (!(config.contains("sliding_window") && config.at("sliding_window").is_null())) {
+    s.window = get_or<int64_t>(config, "sliding_window", 4096);
+    if (s.window <= 0) fail("sliding_window must be positive");
+  }
+  return s;
+}
+
+std::vector<ParamSpec> gemma_params(const GemmaSpec& s) {
+  std::vector<ParamSpec> p;
+  p.push_back({"model.embed_tokens.weight", {s.vocab, s.hidden}, Init::kMatrix});
+  const int64_t q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    p.push_back({pre + "input_layernorm.weight", {s.hidden}, Init::kGemmaNorm});
+    p.push_back({pre + "self_attn.q_proj.weight", {q_dim, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "self_attn.k_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "self_attn.v_proj.weight", {kv_dim, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "self_attn.o_proj.weight", {s.hidden, q_dim}, Init::kMatrix});
+    if (s.bias) {
+      p.push_back({pre + "self_attn.q_proj.bias", {q_dim}, Init::kBias});
+      p.push_back({pre + "self_attn.k_proj.bias", {kv_dim}, Init::kBias});
+      p.push_back({pre + "self_attn.v_proj.bias", {kv_dim}, Init::kBias});
+      p.push_back({pre + "self_attn.o_proj.bias", {s.hidden}, Init::kBias});
+    }
+    if (s.version == 3) {
+      p.push_back({pre + "self_attn.q_norm.weight", {s.head_dim}, Init::kGemmaNorm});
+      p.push_back({pre + "self_attn.k_norm.weight", {s.head_dim}, Init::kGemmaNorm});
+    }
+    p.push_back({pre + "post_attention_layernorm.weight", {s.hidden}, Init::kGemmaNorm});
+    p.push_back({pre + "pre_feedforward_layernorm.weight", {s.hidden}, Init::kGemmaNorm});
+    p.push_back({pre + "post_feedforward_layernorm.weight", {s.hidden}, Init::kGemmaNorm});
+    p.push_back({pre + "mlp.gate_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "mlp.up_proj.weight", {s.intermediate, s.hidden}, Init::kMatrix});
+    p.push_back({pre + "mlp.down_proj.weight", {s.hidden, s.intermediate}, Init::kMatrix});
+  }
+  p.push_back({"model.norm.weight", {s.hidden}, Init::kGemmaNorm});
+  if (!s.tie) p.push_back({"lm_head.weight", {s.vocab, s.hidden}, Init::kMatrix});
+  return p;
+}
+
+}  // namespace
+
+torch::Tensor reference_gemma_logits(const nlohmann::json& config,
+                                     const std::map<std::string, torch::Tensor>& weights,
+                                     const torch::Tensor& input_ids) {
+  torch::NoGradGuard no_grad;
+  const GemmaSpec s = parse_gemma(config);
+  check_input_ids(input_ids, s.vocab);
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  const torch::ScalarType dtype = validate_weights(weights, gemma_params(s), s.tie ? "model.embed_tokens.weight" : "");
+  auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(name); };
+  auto maybe = [&](const std::string& name) { return s.bias ? w(name) : torch::Tensor(); };
+
+  // Gemma 3: sliding layers rotate with rope_local_base_freq and no scaling,
+  // full layers with rope_theta and rope_scaling; Gemma 2: one table for all.
+  const auto [global_cos, global_sin] = rotary_tables(s.rope_scaling, s.theta, s.head_dim, s.max_positions, seq, dtype);
+  const auto [local_cos, local_sin] =
+      s.version == 3 ? rotary_tables(json(), s.local_theta, s.head_dim, s.max_positions, seq, dtype)
+                     : std::pair<torch::Tensor, torch::Tensor>(global_cos, global_sin);
+  const int64_t groups = s.heads / s.kv_heads, q_dim = s.heads * s.head_dim;
+
+  // Embeddings times sqrt(hidden_size) rounded to the activation dtype (Gemma 2
+  // builds the scalar in that dtype, Gemma 3 in fp32 and casts it).
+  const double normalizer = std::sqrt(static_cast<double>(s.hidden));
+  const torch::Tensor scale = s.version == 2 ? torch::scalar_tensor(normalizer, dtype)
+                                             : torch::scalar_tensor(normalizer, torch::kFloat).to(dtype);
+  torch::Tensor h = embed(w("model.embed_tokens.weight"), input_ids) * scale;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    const bool sliding = s.sliding[l];
+    const torch::Tensor mask = hidden_keys_mask(seq, sliding ? s.window : 0);
+    const torch::Tensor& cos = sliding ? local_cos : global_cos;
+    const torch::Tensor& sin = sliding ? local_sin : global_sin;
+
+    // Self-attention block; its output is normed before the residual add.
+    torch::Tensor residual = h;
+    torch::Tensor x = gemma_rms_norm(h, w(pre + "input_layernorm.weight"), s.eps);
+    torch::Tensor q = linear(x, w(pre + "self_attn.q_proj.weight"), maybe(pre + "self_attn.q_proj.bias"));
+    torch::Tensor k = linear(x, w(pre + "self_attn.k_proj.weight"), maybe(pre + "self_attn.k_proj.bias"));
+    torch::Tensor v = linear(x, w(pre + "self_attn.v_proj.weight"), maybe(pre + "self_attn.v_proj.bias"));
+    q = q.view({batch, seq, s.heads, s.head_dim}).transpose(1, 2);     // [B, H, T, D]
+    k = k.view({batch, seq, s.kv_heads, s.head_dim}).transpose(1, 2);  // [B, KV, T, D]
+    v = v.view({batch, seq, s.kv_heads, s.head_dim}).transpose(1, 2);
+    if (s.version == 3) {  // per-head Gemma norms before RoPE
+      q = gemma_rms_norm(q, w(pre + "self_attn.q_norm.weight"), s.eps);
+      k = gemma_rms_norm(k, w(pre + "self_attn.k_norm.weight"), s.eps);
+    }
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    k = repeat_kv(k, groups);
+    v = repeat_kv(v, groups);
+    torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * s.scaling;
+    if (s.attn_softcap) scores = soft_cap(scores, *s.attn_softcap);  // before the mask, as HF's eager path
+    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+    torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(dtype);
+    torch::Tensor attn = torch::matmul(probs, v).transpose(1, 2).reshape({batch, seq, q_dim});
+    attn = linear(attn, w(pre + "self_attn.o_proj.weight"), maybe(pre + "self_attn.o_proj.bias"));
+    h = residual + gemma_rms_norm(attn, w(pre + "post_attention_layernorm.weight"), s.eps);
+
+    // MLP block between pre- and post-feedforward norms: down(gelu_tanh(gate(x)) * up(x)).
+    residual = h;
+    x = gemma_rms_norm(h, w(pre + "pre_feedforward_layernorm.weight"), s.eps);
+    torch::Tensor gate = linear(x, w(pre + "mlp.gate_proj.weight"), torch::Tensor());
+    torch::Tensor up = linear(x, w(pre + "mlp.up_proj.weight"), torch::Tensor());
+    torch::Tensor down = linear(torch::gelu(gate, "tanh") * up, w(pre + "mlp.down_proj.weight"), torch::Tensor());
+    h = residual + gemma_rms_norm(down, w(pre + "post_feedforward_layernorm.weight"), s.eps);
+  }
+  h = gemma_rms_norm(h, w("model.norm.weight"), s.eps);
+  const torch::Tensor& head = s.tie ? w("model.embed_tokens.weight") : w("lm_head.weight");
+  torch::Tensor logits = torch::matmul(h, head.t());
+  if (s.final_softcap) logits = soft_cap(logits, *s.final_softcap);  // in the model dtype, as HF
+  return logits.to(torch::kFloat);
 }
 
 // ---------------------------------------------------------------------------
@@ -486,7 +840,7 @@ torch::Tensor reference_gpt2_logits(const nlohmann::json& config,
   auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(name); };
 
   const int64_t head_dim = s.embd / s.heads;
-  const torch::Tensor mask = future_mask(seq);
+  const torch::Tensor mask = hidden_keys_mask(seq, 0);
   torch::Tensor h = embed(w("transformer.wte.weight"), input_ids) +
                     w("transformer.wpe.weight").narrow(0, 0, seq).unsqueeze(0);
   for (int64_t l = 0; l < s.layers; ++l) {
@@ -526,11 +880,15 @@ torch::Tensor reference_gpt2_logits(const nlohmann::json& config,
 
 namespace {
 
-enum class Family { kLlama, kGpt2 };
+enum class Family { kLlama, kGemma, kGpt2 };
 
 Family family_of(const json& config) {
   const std::string arch = architecture(config);
-  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM") return Family::kLlama;
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
+      arch == "Qwen3ForCausalLM" || arch == "Phi3ForCausalLM") {
+    return Family::kLlama;
+  }
+  if (arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM") return Family::kGemma;
   if (arch == "GPT2LMHeadModel") return Family::kGpt2;
   fail("unsupported or missing config architectures[0]: '" + arch + "'");
 }
@@ -540,8 +898,15 @@ Family family_of(const json& config) {
 torch::Tensor reference_logits(const nlohmann::json& config,
                                const std::map<std::string, torch::Tensor>& weights,
                                const torch::Tensor& input_ids) {
-  return family_of(config) == Family::kLlama ? reference_llama_logits(config, weights, input_ids)
-                                             : reference_gpt2_logits(config, weights, input_ids);
+  switch (family_of(config)) {
+    case Family::kLlama:
+      return reference_llama_logits(config, weights, input_ids);
+    case Family::kGemma:
+      return reference_gemma_logits(config, weights, input_ids);
+    case Family::kGpt2:
+      break;
+  }
+  return reference_gpt2_logits(config, weights, input_ids);
 }
 
 torch::Tensor reference_next_token_loss(const torch::Tensor& logits, const torch::Tensor& input_ids) {
@@ -557,8 +922,18 @@ torch::Tensor reference_next_token_loss(const torch::Tensor& logits, const torch
 }
 
 std::map<std::string, torch::Tensor> reference_random_weights(const nlohmann::json& config, uint64_t seed) {
-  const std::vector<ParamSpec> specs =
-      family_of(config) == Family::kLlama ? llama_params(parse_llama(config)) : gpt2_params(parse_gpt2(config));
+  std::vector<ParamSpec> specs;
+  switch (family_of(config)) {
+    case Family::kLlama:
+      specs = llama_params(parse_llama(config));
+      break;
+    case Family::kGemma:
+      specs = gemma_params(parse_gemma(config));
+      break;
+    case Family::kGpt2:
+      specs = gpt2_params(parse_gpt2(config));
+      break;
+  }
   torch::NoGradGuard no_grad;
   at::Generator gen = at::detail::createCPUGenerator(seed);
   std::map<std::string, torch::Tensor> out;
@@ -571,6 +946,9 @@ std::map<std::string, torch::Tensor> reference_random_weights(const nlohmann::js
         break;
       case Init::kNorm:
         out[spec.name] = 1.0 + noise * 0.1;
+        break;
+      case Init::kGemmaNorm:  // Gemma's norm adds the 1 itself
+        out[spec.name] = noise * 0.1;
         break;
     }
   }

@@ -1,6 +1,6 @@
 // Typed view of an HF config.json for the supported architectures. Parsing
-// rejects what the engine does not implement (longrope and other rope_scaling
-// types, other activations) instead of training a different model.
+// rejects what the engine does not implement (unknown rope_scaling types, other
+// activations, partial rotary embeddings) instead of training a different model.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -32,9 +32,23 @@ struct ModelConfig {
   bool o_bias = false;            // attention_bias (Llama/Mistral); never in Qwen2
   bool mlp_bias = false;          // Llama mlp_bias
   bool tie_word_embeddings = false;
+  bool qk_norm = false;           // Qwen3: RMSNorm over each query and key head before RoPE
+  bool fused_projections = false; // Phi-3: one qkv_proj [q | k | v] and one gate_up_proj [gate | up]
+  // Gemma 2 / 3:
+  bool gemma_norms = false;       // RMSNorm scaling by (1 + weight) in fp32; post-attention, pre- and
+                                  // post-feedforward norms around both blocks; embeddings times sqrt(hidden)
+  std::string activation = "silu";  // the MLP's: silu, gelu_pytorch_tanh (Gemma), gelu_new (GPT-2)
+  double attention_scale = 0;     // 0: 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar^-0.5
+  double attn_softcap = 0;        // attn_logit_softcapping (0: none)
+  double final_softcap = 0;       // final_logit_softcapping (0: none)
+  double local_rope_theta = 0;    // Gemma 3: sliding layers' rope_local_base_freq, unscaled (0: as global)
+  // Dropout probabilities, applied in training only (CausalLM::set_dropout):
+  double attention_dropout = 0;   // the attention probabilities: attention_dropout; GPT-2 attn_pdrop
+  double residual_dropout = 0;    // each block's output before its residual add: GPT-2 and Phi-3 resid_pdrop
+  double embedding_dropout = 0;   // the input embeddings: GPT-2 embd_pdrop
   // Sliding-window attention per decoder layer (0: full causal attention): Mistral's
-  // sliding_window on every layer; Qwen2's with use_sliding_window, on the layers
-  // from max_window_layers on, or as `layer_types` says.
+  // sliding_window on every layer; Qwen2's and Qwen3's with use_sliding_window, on
+  // the layers from max_window_layers on, or as `layer_types` says.
   std::vector<int64_t> layer_sliding_window;
   std::string torch_dtype = "float32";  // as written in config.json
   nlohmann::json raw;             // the original config, written back on export

@@ -25,10 +25,12 @@ enum class Axis {
   kHidden,        // the residual stream
   kHeads,         // num_heads * head_dim (query heads)
   kKvHeads,       // num_kv_heads * head_dim
-  kQkv,           // GPT-2 fused [q | k | v], each num_heads * head_dim
+  kQkv,           // fused [q | k | v]: q num_heads * head_dim, k and v num_kv_heads * head_dim (GPT-2, Phi-3)
+  kGateUp,        // Phi-3's fused [gate | up], intermediate each
   kIntermediate,  // MLP intermediate features
   kVocab,
   kPositions,
+  kHeadDim,       // one head's features (Qwen3's per-head q/k norms)
 };
 
 const char* axis_name(Axis axis);

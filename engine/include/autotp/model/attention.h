@@ -3,9 +3,18 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 namespace autotp {
+
+// What only the eager path computes (both need the [T, T] scores materialised).
+struct AttentionExtras {
+  double softcap = 0;  // Gemma 2's attn_logit_softcapping: scores = softcap * tanh(scores / softcap), before the mask
+  // Applied to the probabilities [B, Hq, T, T] (q's dtype) before they weight v: dropout.
+  std::function<torch::Tensor(const torch::Tensor&)> on_probs;
+  bool any() const { return softcap > 0 || static_cast<bool>(on_probs); }
+};
 
 // q: [B, Hq, T, D]; k, v: [B, Hkv, T, D]; kv_index[h] = the kv head query head
 // h reads (GQA). Scores are q k^T * scale with future positions masked; the
@@ -14,12 +23,15 @@ namespace autotp {
 // CUDA): the [T, T] score matrix is never stored. A `window` > 0 (sliding-window
 // attention, HF's sliding_window) also hides keys `window` or more positions back:
 // query i reads keys i - window + 1 .. i; SDPA then takes an explicit [T, T] mask.
+// With `extras` (softcapping, dropout) it runs causal_attention_eager instead.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const std::vector<int64_t>& kv_index, double scale, int64_t window = 0);
+                               const std::vector<int64_t>& kv_index, double scale, int64_t window = 0,
+                               const AttentionExtras& extras = {});
 
 // The same computed eagerly (scores and fp32 softmax materialised, as HF's
 // "eager" attention): the reference the fused path is tested and benchmarked against.
 torch::Tensor causal_attention_eager(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                     const std::vector<int64_t>& kv_index, double scale, int64_t window = 0);
+                                     const std::vector<int64_t>& kv_index, double scale, int64_t window = 0,
+                                     const AttentionExtras& extras = {});
 
 }  // namespace autotp

@@ -9,12 +9,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "autotp/comm/comm.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/arch/model_config.h"
+#include "autotp/model/dropout_mask.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp {
@@ -25,6 +27,16 @@ struct Parameter {
   torch::Tensor tensor;              // this rank's shard
   const std::string& name() const { return entry->desc.name; }
   const ShardSpec& spec() const { return entry->spec; }
+};
+
+// Which training micro-batch a forward belongs to: the key of its dropout masks
+// (dropout_mask.h). Rows of the masks are the samples' positions in the step's
+// global batch, so any tp size, data-parallel split and accumulation draws the same.
+struct DropoutContext {
+  uint64_t seed = 0;
+  int64_t step = 0;           // optimizer steps done before this one
+  int64_t sample_offset = 0;  // the micro-batch's first sample within the step's global batch
+  int64_t step_samples = 0;   // samples in the step's global batch
 };
 
 struct LoadReport {
@@ -76,6 +88,10 @@ class CausalLM {
   // activations but recompute the attention core (its output and softmax
   // statistics) in the backward from the saved q, k, v.
   void set_selective_recompute(bool on) { selective_recompute_ = on; }
+  // Dropout (the config's probabilities) for the forwards that follow, until
+  // reset; none (evaluation) by default. Keep it set through the micro-batch's
+  // backward: recomputed layers draw their masks again from it.
+  void set_dropout(std::optional<DropoutContext> context) { dropout_ = context; }
 
   // The parameter uses the model announces: the embeddings (kEmbeddingUse), each
   // decoder layer (its index) and the head (final norm + LM head, num_layers()).
@@ -106,9 +122,17 @@ class CausalLM {
   torch::Tensor llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,
                             const torch::Tensor& sin);
   torch::Tensor gpt2_layer(int64_t layer, const torch::Tensor& x);
-  // `window` > 0: sliding-window attention over that many positions (0: full causal).
-  torch::Tensor attention(const std::string& prefix, const torch::Tensor& q, const torch::Tensor& k,
-                          const torch::Tensor& v, int64_t window = 0);
+  // Decoder layer `layer`'s attention over this rank's heads (q_param: the weight
+  // whose spec says which): its sliding window, scale, softcapping.
+  torch::Tensor attention(int64_t layer, const std::string& q_param, const torch::Tensor& q, const torch::Tensor& k,
+                          const torch::Tensor& v);
+  // The norm `module` (its ".weight") applied to x: RMSNorm, or Gemma's (1 + w) form.
+  torch::Tensor norm(const std::string& module, const torch::Tensor& x);
+  torch::Tensor mlp_activation(const torch::Tensor& gate);
+  // x [B, ...] times its dropout mask at `site` of `layer` when training with p > 0;
+  // `dims` are the global ranges of x's dims after the batch (empty: x is whole).
+  torch::Tensor dropout(const torch::Tensor& x, int64_t layer, DropoutSite site, double p,
+                        std::vector<DimRanges> dims = {});
   torch::Tensor linear(const std::string& module, const torch::Tensor& x);
   torch::Tensor embed(const torch::Tensor& ids);
   torch::Tensor lm_head_logits(const torch::Tensor& hidden);
@@ -118,6 +142,8 @@ class CausalLM {
   torch::Tensor run_use(int64_t use, const torch::Tensor& x, std::function<torch::Tensor(const torch::Tensor&)> fn,
                         bool checkpoint);
   torch::Tensor final_norm(const torch::Tensor& x);
+  // cos and sin [1, 1, T, head_dim] in the model dtype, computed in fp32 as HF does.
+  std::pair<torch::Tensor, torch::Tensor> rotary_tables(const RopeScaling& scaling, double theta, int64_t T) const;
 
   ModelConfig config_;
   TpPlan plan_;
@@ -128,6 +154,7 @@ class CausalLM {
   std::map<std::string, size_t> index_;
   std::vector<bool> checkpoint_layers_;
   bool selective_recompute_ = false;
+  std::optional<DropoutContext> dropout_;
   UseHooks hooks_;
   // Closures the current forward's backward calls (recomputed layers and
   // attention cores, backward hooks), alive until the next forward.

@@ -11,4 +11,8 @@ namespace autotp {
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
+// Gemma's RMSNorm: normalise and scale by (1 + weight), both in fp32, then cast to
+// the input dtype (HF's Gemma2RMSNorm / Gemma3RMSNorm). Plain autograd ops.
+torch::Tensor rms_norm_plus_one(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
 }  // namespace autotp

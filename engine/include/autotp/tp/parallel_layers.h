@@ -6,6 +6,7 @@
 
 #include "autotp/comm/comm.h"
 #include "autotp/tp/shard_spec.h"
+#include "autotp/tp/tp_plan.h"
 
 namespace autotp {
 
@@ -32,6 +33,10 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, co
 // heads shared under GQA) over their holders; other parts are unchanged. No-op
 // for specs without overlap.
 void sum_shared_slices(const ShardSpec& spec, torch::Tensor& local_grad, Comm& tp);
+// What every tensor's gradient needs over the tp group before the optimizer reads
+// it: shared slices summed (sum_shared_slices), a partial_grad tensor all-reduced
+// whole; others unchanged.
+void sum_partial_grads(const PlanEntry& entry, torch::Tensor& local_grad, Comm& tp);
 
 // The whole logical tensor from every tp rank's shard `local` (all-gather over
 // the tp group, then placed by the spec); every rank gets it. Detached.

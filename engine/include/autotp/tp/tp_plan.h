@@ -47,7 +47,13 @@ struct PlanEntry {
   ParamDesc desc;
   TpRole role = TpRole::kReplicated;
   ShardSpec spec;
-  std::string source;  // why: "user pattern '...'", "tp_plan 'colwise'", "rule: reads hidden stream"
+  // Why: "user pattern '...'", "HF plan (config.json) 'layers.*.self_attn.q_proj': colwise",
+  // "built-in HF-style plan ...", "rule: reads the hidden stream".
+  std::string source;
+  // A replicated tensor applied to each rank's own heads (Qwen3's q/k norms under
+  // split attention): each rank's gradient is the part of its heads, and the
+  // gradient is their sum over the tp group (sum_partial_grads).
+  bool partial_grad = false;
 };
 
 class TpPlan {

@@ -28,7 +28,7 @@ struct TpStepShape {
   bool embedding_split = false;       // a vocab-parallel token embedding
   bool head_split = false;            // a vocab-parallel LM head (the embedding when tied)
   std::vector<int64_t> shared_numel;  // whole elements of each split tensor whose slices several tp ranks hold
-                                      // (shared kv heads), in plan order
+                                      // (shared kv heads) and of each partial_grad tensor, in plan order
   // The run's part:
   std::vector<bool> recompute;        // per decoder layer: re-runs its forward in the backward (full
                                       // activation checkpointing); shorter than row_linears = not recomputed
