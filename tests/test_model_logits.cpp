@@ -154,6 +154,34 @@ TEST(Attention, FusedMatchesEagerValuesAndGradients) {
   }
 }
 
+// Dropout acts only while a context is set, draws from its key, and the same
+// context draws the same masks (what the layout-parity cases rely on).
+TEST(Dropout, AppliesOnlyInTrainingAndFollowsItsKey) {
+  for (const auto& [preset, overrides] :
+       {std::pair<std::string, json>{"gpt2-tiny", {{"attn_pdrop", 0.1}, {"resid_pdrop", 0.2}, {"embd_pdrop", 0.3}}},
+        std::pair<std::string, json>{"llama-tiny", {{"attention_dropout", 0.2}}},
+        std::pair<std::string, json>{"phi3-tiny", {{"resid_pdrop", 0.2}}}}) {
+    json config = test::preset_config(preset, overrides);
+    std::string dir = test::write_model_dir(test::make_temp_dir("dropout"), config,
+                                            test::reference_random_weights(config, 5));
+    Comm self;
+    auto model = load_single(dir, self);
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(3);
+    auto ids = torch::randint(0, 259, {2, 9}, torch::kLong);
+    auto eval = model->full_logits(ids);
+    model->set_dropout(DropoutContext{42, 3, 0, 2});
+    auto train = model->full_logits(ids), again = model->full_logits(ids);
+    model->set_dropout(DropoutContext{42, 4, 0, 2});
+    auto next_step = model->full_logits(ids);
+    model->set_dropout(std::nullopt);
+    EXPECT_GT((train - eval).abs().max().item<double>(), 1e-3) << preset;
+    EXPECT_TRUE(torch::equal(train, again)) << preset;
+    EXPECT_GT((next_step - train).abs().max().item<double>(), 1e-3) << preset;
+    EXPECT_TRUE(torch::equal(model->full_logits(ids), eval)) << preset;
+  }
+}
+
 TEST(ModelLoading, AcceptsCheckpointWithoutBasePrefixAndSkipsBuffers) {
   json config = test::preset_config("gpt2-tiny");
   auto weights = test::reference_random_weights(config, 5);

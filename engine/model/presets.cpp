@@ -32,6 +32,18 @@ json llama_config(const std::string& arch, int64_t vocab, int64_t hidden, int64_
           {"torch_dtype", "float32"}};
 }
 
+// Gemma 2 / 3 of 3 layers (vocab 259, hidden 64, intermediate 150, 2 kv heads, sliding window 4).
+json gemma_config(const std::string& arch, const std::string& model_type, int64_t heads, int64_t head_dim,
+                  double query_pre_attn_scalar) {
+  json c = llama_config(arch, 259, 64, 150, 3, heads, 2, true, model_type);
+  c.erase("hidden_act");
+  c["hidden_activation"] = "gelu_pytorch_tanh";
+  c["head_dim"] = head_dim;
+  c["query_pre_attn_scalar"] = query_pre_attn_scalar;
+  c["sliding_window"] = 4;
+  return c;
+}
+
 json gpt2_config(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t positions) {
   return {{"architectures", {"GPT2LMHeadModel"}},
           {"model_type", "gpt2"},
@@ -112,23 +124,13 @@ std::vector<Preset> make_presets() {
                   phi3});
   // Gemma 2: 3 layers (sliding, global, sliding), head_dim 24 and query_pre_attn_scalar 32
   // (neither hidden / heads), HF's default softcaps.
-  json gemma2 = llama_config("Gemma2ForCausalLM", 259, 64, 150, 3, 4, 2, true, "gemma2");
-  gemma2.erase("hidden_act");
-  gemma2["hidden_activation"] = "gelu_pytorch_tanh";
-  gemma2["head_dim"] = 24;
-  gemma2["query_pre_attn_scalar"] = 32;
-  gemma2["sliding_window"] = 4;
+  json gemma2 = gemma_config("Gemma2ForCausalLM", "gemma2", 4, 24, 32);
   gemma2["attn_logit_softcapping"] = 50.0;
   gemma2["final_logit_softcapping"] = 30.0;
   list.push_back({"gemma2-tiny", "Gemma 2 (sandwich norms, softcapping, alternating sliding window 4), 4 heads, 2 kv "
                   "heads, head_dim 24", gemma2});
   // Gemma 3: per-head q/k norms, 6 heads over 2 kv heads, layers 0-1 sliding with their own rope base.
-  json gemma3 = llama_config("Gemma3ForCausalLM", 259, 64, 150, 3, 6, 2, true, "gemma3_text");
-  gemma3.erase("hidden_act");
-  gemma3["hidden_activation"] = "gelu_pytorch_tanh";
-  gemma3["head_dim"] = 16;
-  gemma3["query_pre_attn_scalar"] = 16;
-  gemma3["sliding_window"] = 4;
+  json gemma3 = gemma_config("Gemma3ForCausalLM", "gemma3_text", 6, 16, 16);
   gemma3["sliding_window_pattern"] = 3;
   gemma3["rope_theta"] = 1000000.0;
   gemma3["rope_local_base_freq"] = 10000.0;
