@@ -131,8 +131,25 @@ AUTOTP_WORKER(check_env) {
   WORKER_CHECK(at::get_num_threads() == std::stoi(threads), "at::get_num_threads() ", at::get_num_threads());
   WORKER_CHECK(env_or_empty("AUTOTP_TEST_EXTRA") == extra,
                "AUTOTP_TEST_EXTRA=", env_or_empty("AUTOTP_TEST_EXTRA"));
+  // Rank 0 inherits the launcher's socket listening on MASTER_PORT (no window in
+  // which another process could take the port); with MASTER_PORT given, nobody does.
+  if (rank == 0 && port == "any") {
+    WORKER_CHECK(ctx.env.master_listen_fd == 3, "AUTOTP_MASTER_LISTEN_FD=", env_or_empty("AUTOTP_MASTER_LISTEN_FD"));
+    sockaddr_in address{};
+    socklen_t length = sizeof address;
+    int accepting = 0;
+    socklen_t flag_length = sizeof accepting;
+    WORKER_CHECK(getsockname(3, reinterpret_cast<sockaddr*>(&address), &length) == 0, "fd 3 is not a socket");
+    WORKER_CHECK(ntohs(address.sin_port) == ctx.env.master_port, "fd 3 is bound to port ", ntohs(address.sin_port));
+    WORKER_CHECK(getsockopt(3, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &flag_length) == 0 && accepting == 1,
+                 "fd 3 is not listening");
+  } else {
+    WORKER_CHECK(ctx.env.master_listen_fd == -1 && env_or_empty("AUTOTP_MASTER_LISTEN_FD").empty(),
+                 "rank ", rank, " got AUTOTP_MASTER_LISTEN_FD=", env_or_empty("AUTOTP_MASTER_LISTEN_FD"));
+  }
   if (port == "any") {
-    // Every rank got a distinct RANK and the same MASTER_PORT: gather both.
+    // Every rank got a distinct RANK and the same MASTER_PORT: gather both. Rank 0's
+    // store can only serve on the inherited socket: binding the port would fail.
     auto topology = ctx.topology(1);
     auto mine = torch::tensor({static_cast<int64_t>(rank), static_cast<int64_t>(ctx.env.master_port)});
     auto all = topology->world().all_gather(mine.unsqueeze(0), 0);

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
@@ -79,6 +80,11 @@ c10::intrusive_ptr<c10d::Store> create_tcp_store(const DistEnv& env, const Store
   // keeps rank 0's constructor from blocking on ranks that never come.
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout;
+  // The inherited socket serves the first store only (the store owns and closes it);
+  // a later one binds the port itself.
+  static std::atomic<bool> listen_fd_taken{false};
+  if (store_options.isServer && env.master_listen_fd >= 0 && !listen_fd_taken.exchange(true))
+    store_options.masterListenFd = env.master_listen_fd;
   try {
     if (!store_options.isServer) wait_for_listener(env.master_addr, env.master_port, options.timeout);
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);

@@ -27,6 +27,7 @@
 
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
+#include "autotp/comm/dist_env.h"
 
 extern char** environ;
 
@@ -38,6 +39,9 @@ constexpr size_t kMaxLineBytes = 64 * 1024;  // a longer "line" is forwarded in 
 constexpr int kPollMs = 20;                  // also how often exited ranks are reaped
 constexpr int64_t kResidentSampleNs = 1'000'000'000;  // how often the run's resident memory is sampled
 constexpr const char* kErrorFileVariable = "AUTOTP_ERROR_FILE";
+// Rank 0 finds the launcher's listening socket at this descriptor (see
+// master_listen_fd in dist_env.h).
+constexpr int kMasterListenFd = 3;
 
 using Clock = std::chrono::steady_clock;
 
@@ -145,13 +149,18 @@ class LocalLaunch {
  public:
   explicit LocalLaunch(const LaunchOptions& options) : options_(options), ranks_(options.nproc) {}
 
+  ~LocalLaunch() { close_master_socket(); }
+
   LaunchResult run() {
     SignalForwarding signals;
     make_error_dir();
+    open_master_socket();
     const auto environments = rank_environments();
     try {
       for (int r = 0; r < options_.nproc; ++r) {
-        if (!spawn(r, environments[r])) break;
+        const bool started = spawn(r, environments[r]);
+        if (r == 0) close_master_socket();  // rank 0 holds it now
+        if (!started) break;
       }
     } catch (...) {
       // Leave no rank behind: stop the ones already started, then report.
@@ -167,6 +176,19 @@ class LocalLaunch {
   }
 
  private:
+  // A port picked by binding port 0 and closing can be taken before rank 0's store
+  // binds it again (by any process's outgoing connection, as ephemeral ports come
+  // from the same range). The launcher binds and listens itself and hands the socket
+  // to rank 0, so the port is never free in between.
+  void open_master_socket() {
+    if (options_.nproc < 2 || options_.env.count("MASTER_PORT")) return;
+    master_socket_ = listening_socket(&master_port_);
+  }
+  void close_master_socket() {
+    if (master_socket_ >= 0) close(master_socket_);
+    master_socket_ = -1;
+  }
+
   void make_error_dir() {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = fmt::format("{}/autotp-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -189,8 +211,9 @@ class LocalLaunch {
     const int threads = options_.threads_per_rank > 0 ? options_.threads_per_rank
                                                       : std::max(1, available_cores() / options_.nproc);
     base["MASTER_ADDR"] = "127.0.0.1";
-    base["MASTER_PORT"] =
-        options_.env.count("MASTER_PORT") ? options_.env.at("MASTER_PORT") : std::to_string(free_port());
+    base["MASTER_PORT"] = options_.env.count("MASTER_PORT") ? options_.env.at("MASTER_PORT")
+                          : master_socket_ >= 0      ? std::to_string(master_port_)
+                                                     : std::to_string(free_port());
     base["OMP_NUM_THREADS"] = base["OPENBLAS_NUM_THREADS"] = base["AUTOTP_THREADS"] = std::to_string(threads);
     for (const auto& [key, value] : options_.env) base[key] = value;
     base["WORLD_SIZE"] = base["LOCAL_WORLD_SIZE"] = std::to_string(options_.nproc);
@@ -200,6 +223,7 @@ class LocalLaunch {
       auto env = base;
       env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
       env[kErrorFileVariable] = ranks_[r].error_file;
+      if (r == 0 && master_socket_ >= 0) env[kMasterListenFdVariable] = std::to_string(kMasterListenFd);
       std::vector<std::string> entries;
       for (const auto& [key, value] : env) entries.push_back(key + "=" + value);
       environments.push_back(std::move(entries));
@@ -218,6 +242,8 @@ class LocalLaunch {
     posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+    // dup2 clears close-on-exec on the copy (glibc also when the numbers are equal).
+    if (r == 0 && master_socket_ >= 0) posix_spawn_file_actions_adddup2(&actions, master_socket_, kMasterListenFd);
     posix_spawnattr_t attributes;
     posix_spawnattr_init(&attributes);
     sigset_t defaults, mask;
@@ -434,6 +460,7 @@ class LocalLaunch {
   const LaunchOptions& options_;
   std::vector<Rank> ranks_;
   std::string error_dir_;
+  int master_socket_ = -1, master_port_ = 0;
   int64_t kill_deadline_ns_ = 0;
   int64_t last_sample_ns_ = 0, peak_resident_bytes_ = 0;
   bool killed_ = false;
@@ -454,8 +481,14 @@ int available_cores() {
 }
 
 int free_port() {
+  int port = 0;
+  close(listening_socket(&port, false));
+  return port;
+}
+
+int listening_socket(int* port, bool listening) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw errno_error("free_port: socket");
+  if (fd < 0) throw errno_error("launcher: socket");
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -463,12 +496,17 @@ int free_port() {
   socklen_t length = sizeof address;
   if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const auto error = errno_error("free_port: bind 127.0.0.1:0");
+    const auto error = errno_error("launcher: bind 127.0.0.1:0");
     close(fd);
     throw error;
   }
-  close(fd);
-  return ntohs(address.sin_port);
+  if (listening && listen(fd, SOMAXCONN) != 0) {
+    const auto error = errno_error("launcher: listen 127.0.0.1:" + std::to_string(ntohs(address.sin_port)));
+    close(fd);
+    throw error;
+  }
+  *port = ntohs(address.sin_port);
+  return fd;
 }
 
 LaunchResult launch_local(const LaunchOptions& options) {

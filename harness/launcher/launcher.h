@@ -42,11 +42,18 @@ struct LaunchResult {
 // or a rank started by launch_local): the process then joins that world.
 bool in_distributed_world();
 
-// Picks a free TCP port on 127.0.0.1.
+// Picks a free TCP port on 127.0.0.1 (free when it returns: another process may
+// take it before it is bound again).
 int free_port();
 
+// A close-on-exec TCP socket bound to a free port of 127.0.0.1 (written to *port),
+// listening unless `listening` is false. The caller closes it.
+int listening_socket(int* port, bool listening = true);
+
 // Starts the ranks with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR=127.0.0.1, MASTER_PORT (free port unless set in env) and
+// MASTER_ADDR=127.0.0.1, MASTER_PORT and
+// AUTOTP_MASTER_LISTEN_FD (rank 0 gets the launcher's socket listening on that
+// port, so no other process can take it; unless MASTER_PORT is set in env) and
 // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / AUTOTP_THREADS = threads_per_rank; waits for all.
 // When a rank exits non-zero the others get SIGTERM (then SIGKILL) and the
 // result names the failing rank with the tail of its output. SIGINT/SIGTERM to

@@ -4,6 +4,8 @@
 
 namespace autotp {
 
+inline constexpr const char* kMasterListenFdVariable = "AUTOTP_MASTER_LISTEN_FD";
+
 struct DistEnv {
   int rank = 0;                  // RANK
   int world_size = 1;            // WORLD_SIZE
@@ -12,6 +14,10 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR
   int master_port = 0;           // MASTER_PORT (0 = single process, no store needed)
   int threads = 0;               // AUTOTP_THREADS (0 = leave torch's default)
+  // AUTOTP_MASTER_LISTEN_FD: an inherited socket already listening on MASTER_PORT,
+  // which rank 0's TCPStore serves on instead of binding the port itself (set by
+  // the local launcher; -1 = none).
+  int master_listen_fd = -1;
 
   // Reads the variables; a process without RANK/WORLD_SIZE is rank 0 of 1.
   // Malformed values are a UserError naming the variable.
