@@ -199,7 +199,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CliExport,
                                            ExportCase{"llama-tiny", 2, 4, 2}, ExportCase{"llama-tiny", 4, 4, 3},
                                            ExportCase{"llama-tiny", 3, 3, 1}, ExportCase{"gpt2-tiny", 2, 4, 3},
                                            ExportCase{"llama-tiny-tied", 4, 4, 1}, ExportCase{"qwen3-tiny", 3, 3, 2},
-                                           ExportCase{"phi3-tiny", 4, 4, 3}),
+                                           ExportCase{"phi3-tiny", 4, 4, 3}, ExportCase{"gemma2-tiny", 2, 4, 1},
+                                           ExportCase{"mixtral-tiny", 3, 3, 3}, ExportCase{"qwen2-moe-tiny", 4, 4, 2}),
                          [](const auto& info) {
                            std::string p = info.param.preset;
                            for (auto& ch : p)

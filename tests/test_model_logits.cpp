@@ -116,6 +116,12 @@ INSTANTIATE_TEST_SUITE_P(
                       LogitsCase{"gemma3", "gemma3-tiny", json::object()},
                       LogitsCase{"gemma3_linear_rope_on_global_layers", "gemma3-tiny",
                                  {{"rope_scaling", {{"rope_type", "linear"}, {"factor", 4.0}}}}},
+                      LogitsCase{"mixtral", "mixtral-tiny", json::object()},
+                      LogitsCase{"mixtral_sliding_window", "mixtral-tiny", {{"sliding_window", 4}}},
+                      LogitsCase{"qwen2_moe_shared_expert", "qwen2-moe-tiny", json::object()},
+                      LogitsCase{"qwen3_moe", "qwen3-moe-tiny", json::object()},
+                      LogitsCase{"qwen3_moe_unnormalised_top_k", "qwen3-moe-tiny",
+                                 {{"norm_topk_prob", false}, {"decoder_sparse_step", 1}}},
                       LogitsCase{"gpt2", "gpt2-tiny", json::object()}),
     [](const auto& info) { return info.param.name; });
 
@@ -179,6 +185,33 @@ TEST(Dropout, AppliesOnlyInTrainingAndFollowsItsKey) {
     EXPECT_TRUE(torch::equal(train, again)) << preset;
     EXPECT_GT((next_step - train).abs().max().item<double>(), 1e-3) << preset;
     EXPECT_TRUE(torch::equal(model->full_logits(ids), eval)) << preset;
+  }
+}
+
+// bf16 through Gemma's soft-capping (eager attention with capped scores, capped
+// logits) and (1 + w) norms: the bf16 model stays within bf16 rounding of the
+// fp32 reference, with caps tight enough to bend both.
+TEST(ModelLogits, Bf16GemmaSoftcapsStayCloseToFp32) {
+  for (const std::string preset : {"gemma2-tiny", "gemma3-tiny"}) {
+    json config = test::preset_config(preset, {{"attn_logit_softcapping", 0.05}, {"final_logit_softcapping", 0.5}});
+    auto weights = test::reference_random_weights(config, 4321);
+    std::string dir = test::write_model_dir(test::make_temp_dir("bf16"), config, weights);
+    Comm self;
+    auto source = resolve_model(dir);
+    auto model = load_model(source, TpPlan::build(source.config, {}), self, torch::kBFloat16, 0);
+    torch::manual_seed(9);
+    auto ids = torch::randint(0, config["vocab_size"].get<int64_t>(), {2, 11}, torch::kLong);
+    auto expected = test::reference_logits(config, weights, ids);
+    torch::NoGradGuard no_grad;
+    auto actual = model->full_logits(ids).to(torch::kFloat32);
+    EXPECT_LE(actual.abs().max().item<double>(), 0.5 + 1e-6) << preset;  // capped
+    const double worst = (actual - expected).abs().max().item<double>();
+    EXPECT_LT(worst, 0.02) << preset;  // bf16 keeps 8 bits: ~4e-3 of 0.5 per rounding
+    EXPECT_GT(worst, 0) << preset;     // it did run in bf16
+    // The loss path in bf16 as well.
+    auto losses = model->token_losses(ids.narrow(1, 0, 10), ids.narrow(1, 1, 10));
+    const double ref_loss = test::reference_next_token_loss(expected, ids).item<double>();
+    EXPECT_NEAR(losses.mean().item<double>(), ref_loss, 1e-2 * ref_loss) << preset;
   }
 }
 

@@ -3,10 +3,14 @@
 // longrope / Gemma embedding cases, scalar-loop re-implementations (Llama family,
 // Qwen3, Phi-3, Gemma 2 / 3, GPT-2), invariances of Qwen3's q/k norms, Phi-3's
 // fused weights, Gemma's soft-capping, sliding and local/global layers, the
-// next-token loss, and config validation.
+// next-token loss, config validation, and the mixture-of-experts models (scalar-loop
+// sparse blocks and load-balancing loss, sparse / dense layer choice, top-k
+// renormalisation, a one-expert Mixtral as Mistral, autograd against finite differences).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -354,10 +358,104 @@ void per_head(Vec& x, int64_t dim, F f) {
   }
 }
 
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+// down(silu(gate(x)) * up(x)) for nn.Linear prefixes without biases.
+Vec swiglu_loop(const Weights& w, const std::string& gate, const std::string& up, const std::string& down,
+                const Vec& x) {
+  Vec g = linear_loop(w, gate, x);
+  const Vec u = linear_loop(w, up, x);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
+  return linear_loop(w, down, g);
+}
+
+Vec softmax_loop(const Vec& z) {
+  double best = -1e300, total = 0.0;
+  for (double v : z) best = std::max(best, v);
+  Vec p(z.size());
+  for (size_t i = 0; i < z.size(); ++i) total += (p[i] = std::exp(z[i] - best));
+  for (double& v : p) v /= total;
+  return p;
+}
+
+// Indices of the k largest values, largest first (repeated argmax).
+std::vector<int64_t> top_k_loop(const Vec& p, int64_t k) {
+  std::vector<int64_t> chosen;
+  std::vector<bool> used(p.size(), false);
+  for (int64_t slot = 0; slot < k; ++slot) {
+    int64_t best = -1;
+    for (size_t e = 0; e < p.size(); ++e) {
+      if (!used[e] && (best < 0 || p[e] > p[best])) best = static_cast<int64_t>(e);
+    }
+    used[best] = true;
+    chosen.push_back(best);
+  }
+  return chosen;
+}
+
+// One token through a sparse block (pre: "...block_sparse_moe." or "...mlp."):
+// softmax of the router logits, the top_k largest probabilities, divided by their
+// sum when renormalise, weighting their experts' SwiGLU outputs; plus, when the
+// weights have one, the shared expert times sigmoid of its gate. The router logits
+// are appended to routers when given.
+Vec moe_loop(const Weights& w, const std::string& pre, bool mixtral, int64_t top_k, bool renormalise, const Vec& x,
+             std::vector<Vec>* routers) {
+  const Vec logits = linear_loop(w, pre + "gate", x);
+  if (routers) routers->push_back(logits);
+  const Vec p = softmax_loop(logits);
+  const std::vector<int64_t> chosen = top_k_loop(p, top_k);
+  double total = 0.0;
+  for (int64_t e : chosen) total += p[e];
+  Vec out(x.size(), 0.0);
+  for (int64_t e : chosen) {
+    const std::string expert = pre + "experts." + std::to_string(e) + ".";
+    const Vec y = mixtral ? swiglu_loop(w, expert + "w1", expert + "w3", expert + "w2", x)
+                          : swiglu_loop(w, expert + "gate_proj", expert + "up_proj", expert + "down_proj", x);
+    const double weight = renormalise ? p[e] / total : p[e];
+    for (size_t i = 0; i < out.size(); ++i) out[i] += weight * y[i];
+  }
+  if (w.count(pre + "shared_expert_gate.weight")) {
+    const double gate = 1.0 / (1.0 + std::exp(-linear_loop(w, pre + "shared_expert_gate", x)[0]));
+    const std::string shared = pre + "shared_expert.";
+    const Vec y = swiglu_loop(w, shared + "gate_proj", shared + "up_proj", shared + "down_proj", x);
+    for (size_t i = 0; i < out.size(); ++i) out[i] += gate * y[i];
+  }
+  return out;
+}
+
+// HF's load-balancing loss from router logit rows: E * sum_e f_e * P_e, where f_e is
+// the share of rows choosing expert e among their top_k (HF's per-slot shares summed
+// over slots) and P_e the mean probability of e. With grad, also d loss / d logits.
+double load_balancing_loop(const std::vector<Vec>& rows, int64_t top_k, std::vector<Vec>* grad = nullptr) {
+  const int64_t experts = static_cast<int64_t>(rows.at(0).size());
+  const double n = static_cast<double>(rows.size());
+  Vec chosen_share(experts, 0.0), mean_prob(experts, 0.0);  // f summed over slots, P
+  std::vector<Vec> probs;
+  for (const Vec& row : rows) {
+    probs.push_back(softmax_loop(row));
+    for (int64_t e : top_k_loop(probs.back(), top_k)) chosen_share[e] += 1.0 / n;
+    for (int64_t e = 0; e < experts; ++e) mean_prob[e] += probs.back()[e] / n;
+  }
+  double loss = 0.0;
+  for (int64_t e = 0; e < experts; ++e) loss += chosen_share[e] * mean_prob[e];
+  if (grad) {  // only P depends on the logits: dP_e / dz_nj = p_ne (delta_ej - p_nj) / n
+    grad->assign(rows.size(), Vec(experts, 0.0));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      double mixed = 0.0;
+      for (int64_t e = 0; e < experts; ++e) mixed += chosen_share[e] * probs[r][e];
+      for (int64_t j = 0; j < experts; ++j)
+        (*grad)[r][j] = experts / n * probs[r][j] * (chosen_share[j] - mixed);
+    }
+  }
+  return loss * experts;
+}
+
 // Llama / Mistral / Qwen2 / Qwen3 forward for one sequence (no sliding windows).
-// Biases and Qwen3's per-head q_norm / k_norm are used where the weights have them.
-// Returns logits [T][V].
-std::vector<Vec> llama_loop(const json& cfg, const Weights& w, const std::vector<int64_t>& ids) {
+// Biases and Qwen3's per-head q_norm / k_norm are used where the weights have them,
+// and sparse blocks (Mixtral / Qwen MoE) where the weights have a router; their
+// router logits are appended to routers when given. Returns logits [T][V].
+std::vector<Vec> llama_loop(const json& cfg, const Weights& w, const std::vector<int64_t>& ids,
+                            std::vector<Vec>* routers = nullptr) {
   const int64_t hidden = cfg.at("hidden_size"), heads = cfg.at("num_attention_heads");
   const int64_t kv_heads = cfg.value("num_key_value_heads", heads);
   const int64_t dim = cfg.value("head_dim", hidden / heads);
@@ -393,6 +491,14 @@ std::vector<Vec> llama_loop(const json& cfg, const Weights& w, const std::vector
       const Vec o = linear_loop(w, pre + "self_attn.o_proj", attn[t]);
       for (int64_t i = 0; i < hidden; ++i) h[t][i] += o[i];
       const Vec x = rms_loop(h[t], post_norm, eps);
+      const bool mixtral = arch_of(cfg) == "MixtralForCausalLM";
+      const std::string moe = pre + (mixtral ? "block_sparse_moe." : "mlp.");
+      if (w.count(moe + "gate.weight")) {
+        const Vec y = moe_loop(w, moe, mixtral, cfg.at("num_experts_per_tok"),
+                               mixtral || cfg.value("norm_topk_prob", false), x, routers);
+        for (int64_t i = 0; i < hidden; ++i) h[t][i] += y[i];
+        continue;
+      }
       Vec gate = linear_loop(w, pre + "mlp.gate_proj", x);
       const Vec up = linear_loop(w, pre + "mlp.up_proj", x);
       for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
@@ -1423,6 +1529,553 @@ TEST(ReferenceModels, RejectsUnsupportedNewArchitectureConfigsAndBadWeights) {
   throws(gemma3_config(), without(g3w, "model.layers.1.pre_feedforward_layernorm.weight"));
   throws(gemma3_config(), without(g3w, "model.layers.0.self_attn.q_norm.weight"));
   throws(gemma3_config(), without(g3w, "lm_head.weight"));
+}
+
+
+// ---------------------------------------------------------------------------
+// Mixture of experts: Mixtral, Qwen2-MoE, Qwen3-MoE
+// ---------------------------------------------------------------------------
+
+// Every layer sparse: 5 experts of width 22, top-2, always renormalised.
+json mixtral_config() {
+  return json{{"architectures", {"MixtralForCausalLM"}},
+              {"model_type", "mixtral"},
+              {"vocab_size", 61},
+              {"hidden_size", 24},
+              {"intermediate_size", 22},
+              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"rms_norm_eps", 1e-5},
+              {"rope_theta", 1000000.0},
+              {"sliding_window", nullptr},
+              {"num_local_experts", 5},
+              {"num_experts_per_tok", 2},
+              {"router_jitter_noise", 0.0},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", false}};
+}
+
+// Layers 0 and 2 sparse (4 experts of width 10, top-2, not renormalised, a shared
+// expert of width 14), layer 1 dense (width 26).
+json qwen2_moe_config() {
+  return json{{"architectures", {"Qwen2MoeForCausalLM"}},
+              {"model_type", "qwen2_moe"},
+              {"vocab_size", 53},
+              {"hidden_size", 16},
+              {"intermediate_size", 26},
+              {"num_hidden_layers", 3},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 10000.0},
+              {"use_sliding_window", false},
+              {"num_experts", 4},
+              {"num_experts_per_tok", 2},
+              {"moe_intermediate_size", 10},
+              {"shared_expert_intermediate_size", 14},
+              {"norm_topk_prob", false},
+              {"decoder_sparse_step", 1},
+              {"mlp_only_layers", {1}},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", false}};
+}
+
+// q/k norms, head_dim 6, attention biases, tied; layer 0 dense, layers 1 and 2
+// sparse (5 experts of width 11, top-2, renormalised).
+json qwen3_moe_config() {
+  return json{{"architectures", {"Qwen3MoeForCausalLM"}},
+              {"model_type", "qwen3_moe"},
+              {"vocab_size", 67},
+              {"hidden_size", 16},
+              {"intermediate_size", 26},
+              {"num_hidden_layers", 3},
+              {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},
+              {"head_dim", 6},
+              {"attention_bias", true},
+              {"rms_norm_eps", 1e-6},
+              {"rope_theta", 1000.0},
+              {"use_sliding_window", false},
+              {"num_experts", 5},
+              {"num_experts_per_tok", 2},
+              {"moe_intermediate_size", 11},
+              {"norm_topk_prob", true},
+              {"decoder_sparse_step", 1},
+              {"mlp_only_layers", {0}},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", true}};
+}
+
+std::vector<json> moe_configs() { return {mixtral_config(), qwen2_moe_config(), qwen3_moe_config()}; }
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Routers and Qwen2-MoE's shared-expert gate.
+bool is_gate(const std::string& name) { return ends_with(name, ".gate.weight") || ends_with(name, "shared_expert_gate.weight"); }
+
+// Random weights with every matrix but the gates scaled by factor, so the experts
+// move the residual stream visibly while routing keeps its random std 0.5.
+Weights moe_weights(const json& config, uint64_t seed, double factor = 8.0) {
+  Weights w = reference_random_weights(config, seed);
+  for (auto& [name, t] : w) {
+    if (t.dim() == 2 && !is_gate(name)) t = t * factor;
+  }
+  return w;
+}
+
+Weights scaled_gates(Weights w, double factor) {
+  for (auto& [name, t] : w) {
+    if (ends_with(name, ".gate.weight")) t = t * factor;
+  }
+  return w;
+}
+
+std::vector<int64_t> row(const torch::Tensor& ids, int64_t b) {
+  return std::vector<int64_t>(ids[b].data_ptr<int64_t>(), ids[b].data_ptr<int64_t>() + ids.size(1));
+}
+
+// Logits and load-balancing loss against the scalar loop: per token softmax of the
+// router logits, top-2, renormalised (Mixtral, Qwen3-MoE here) or not (Qwen2-MoE),
+// weighted experts, Qwen2-MoE's gated shared expert; the loss over the sparse layers only.
+TEST(ReferenceModels, MoeMatchesScalarLoop) {
+  for (const json& config : moe_configs()) {
+    SCOPED_TRACE(arch_of(config));
+    const Weights weights = moe_weights(config, 7);
+    const torch::Tensor ids = ids_for(config, 2, 6, 3);
+    const ReferenceMoeOutput out = reference_moe_forward(config, weights, ids);
+    ASSERT_EQ(out.logits.scalar_type(), torch::kFloat);
+    ASSERT_EQ(out.logits.sizes().vec(), (std::vector<int64_t>{2, 6, config.at("vocab_size").get<int64_t>()}));
+    ASSERT_EQ(out.aux_loss.scalar_type(), torch::kFloat);
+    ASSERT_EQ(out.aux_loss.dim(), 0);
+    EXPECT_TRUE(torch::equal(reference_logits(config, weights, ids), out.logits));
+    double max_err = 0.0, max_mag = 0.0;
+    std::vector<Vec> routers;
+    for (int64_t b = 0; b < 2; ++b) {
+      const std::vector<Vec> expected = llama_loop(config, weights, row(ids, b), &routers);
+      const Arr got = arr(out.logits[b]);
+      for (int64_t t = 0; t < 6; ++t) {
+        for (int64_t o = 0; o < got.shape[1]; ++o) {
+          max_err = std::max(max_err, std::abs(got(t, o) - expected[t][o]));
+          max_mag = std::max(max_mag, std::abs(expected[t][o]));
+        }
+      }
+    }
+    EXPECT_GT(max_mag, 0.5);
+    EXPECT_LT(max_err, 1e-4 * std::max(1.0, max_mag));
+    // Two sparse layers each here, 12 tokens per layer.
+    ASSERT_EQ(routers.size(), 24u);
+    const int64_t top_k = config.at("num_experts_per_tok");
+    EXPECT_NEAR(out.aux_loss.item<double>(), load_balancing_loop(routers, top_k), 1e-5);
+    // Routing is far from uniform yet spreads: three experts or more are somebody's
+    // first choice, and second choices carry real weight (so renormalising matters).
+    std::set<int64_t> first_choices;
+    double second_max = 0.0;
+    for (const Vec& logits : routers) {
+      const Vec p = softmax_loop(logits);
+      const auto chosen = top_k_loop(p, 2);
+      first_choices.insert(chosen[0]);
+      second_max = std::max(second_max, p[chosen[1]]);
+    }
+    EXPECT_GE(first_choices.size(), 3u);
+    EXPECT_GT(second_max, 0.2);
+  }
+}
+
+// The load-balancing loss in closed form (every token with probabilities 0.4, 0.3,
+// 0.2, 0.1 gives E * (sum of the top-k probabilities)), against the scalar loop on
+// hand-made logits of two layers for top-k 1 to 3, and its gradient.
+TEST(ReferenceModels, LoadBalancingLossClosedFormAndScalarLoop) {
+  const torch::Tensor same = torch::log(torch::tensor({0.1, 0.4, 0.2, 0.3}, torch::kDouble)).to(torch::kFloat);
+  const std::vector<torch::Tensor> layers = {same.repeat({3, 1}), same.unsqueeze(0)};
+  EXPECT_NEAR(reference_load_balancing_loss(layers, 4, 1).item<double>(), 4 * 0.4, 1e-6);
+  EXPECT_NEAR(reference_load_balancing_loss(layers, 4, 2).item<double>(), 4 * (0.4 + 0.3), 1e-6);
+  EXPECT_NEAR(reference_load_balancing_loss(layers, 4, 3).item<double>(), 4 * 0.9, 1e-6);
+  EXPECT_NEAR(reference_load_balancing_loss(layers, 4, 4).item<double>(), 4.0, 1e-6);
+
+  // Balanced by hand: 4 tokens with top-2 pairs {0,1}, {2,3}, {0,2}, {1,3}: f = 1/2
+  // for every expert, so the loss is 4 * 1/2 * sum_e P_e = 2 whatever the probabilities.
+  const torch::Tensor balanced = torch::tensor({{3.0, 2.0, 0.0, -1.0},
+                                                {-1.0, 0.5, 2.0, 1.5},
+                                                {1.0, -2.0, 0.8, 0.0},
+                                                {0.0, 2.5, -1.0, 1.0}});
+  EXPECT_NEAR(reference_load_balancing_loss({balanced}, 4, 2).item<double>(), 2.0, 1e-6);
+
+  const torch::Tensor a = torch::tensor({{2.0, -1.0, 0.5, 0.0, 1.0},
+                                         {0.3, 1.7, -0.4, 2.2, 0.1},
+                                         {-1.0, 0.0, 0.9, 0.4, 1.6}}),
+                      b = torch::tensor({{1.2, 0.7, -0.3, 0.0, 2.5}, {0.0, -2.0, 1.1, 1.3, 0.2}});
+  std::vector<Vec> rows;
+  for (const torch::Tensor& t : {a, b}) {
+    for (int64_t r = 0; r < t.size(0); ++r) rows.push_back(arr(t[r]).d);
+  }
+  for (int64_t k = 1; k <= 3; ++k) {
+    SCOPED_TRACE(k);
+    const torch::Tensor la = a.clone().requires_grad_(true), lb = b.clone().requires_grad_(true);
+    const torch::Tensor loss = reference_load_balancing_loss({la, lb}, 5, k);
+    ASSERT_EQ(loss.scalar_type(), torch::kFloat);
+    std::vector<Vec> grad;
+    EXPECT_NEAR(loss.item<double>(), load_balancing_loop(rows, k, &grad), 1e-6);
+    loss.backward();
+    const Arr ga = arr(la.grad()), gb = arr(lb.grad());
+    for (int64_t r = 0; r < 5; ++r) {
+      for (int64_t e = 0; e < 5; ++e) EXPECT_NEAR(r < 3 ? ga(r, e) : gb(r - 3, e), grad[r][e], 1e-6);
+    }
+  }
+  EXPECT_EQ(reference_load_balancing_loss({}, 4, 2).item<double>(), 0.0);
+  EXPECT_THROW(reference_load_balancing_loss({a}, 4, 2), std::runtime_error);  // 5 columns
+  EXPECT_THROW(reference_load_balancing_loss({a}, 5, 6), std::runtime_error);
+  EXPECT_THROW(reference_load_balancing_loss({a}, 5, 0), std::runtime_error);
+}
+
+// Which Qwen3-MoE layers are sparse (router "mlp.gate" and "mlp.experts.e.*") and
+// which dense ("mlp.gate_proj / up_proj / down_proj"), by mlp_only_layers and
+// decoder_sparse_step; with no sparse layer the model is Qwen3 and aux_loss 0.
+TEST(ReferenceModels, QwenMoeSparseLayersFollowMlpOnlyLayersAndSparseStep) {
+  struct Case {
+    int64_t step;
+    std::vector<int64_t> mlp_only;
+    int64_t experts;
+    std::vector<bool> sparse;
+  };
+  const std::vector<Case> cases = {
+      {1, {}, 5, {true, true, true}},    {2, {}, 5, {false, true, false}},   {1, {0, 2}, 5, {false, true, false}},
+      {3, {}, 5, {false, false, true}},  {2, {1}, 5, {false, false, false}}, {1, {0, 1, 2}, 5, {false, false, false}},
+      {1, {}, 0, {false, false, false}}, {1, {7}, 5, {true, true, true}},
+  };
+  using Shape = std::vector<int64_t>;
+  for (const Case& c : cases) {
+    json config = qwen3_moe_config();
+    config["decoder_sparse_step"] = c.step;
+    config["mlp_only_layers"] = c.mlp_only;
+    config["num_experts"] = c.experts;
+    SCOPED_TRACE(config.dump());
+    const Weights w = reference_random_weights(config, 1);
+    for (int64_t l = 0; l < 3; ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".mlp.";
+      if (c.sparse[l]) {
+        EXPECT_EQ(w.at(pre + "gate.weight").sizes().vec(), (Shape{5, 16})) << l;
+        for (int64_t e = 0; e < 5; ++e) {
+          const std::string expert = pre + "experts." + std::to_string(e) + ".";
+          EXPECT_EQ(w.at(expert + "gate_proj.weight").sizes().vec(), (Shape{11, 16}));
+          EXPECT_EQ(w.at(expert + "up_proj.weight").sizes().vec(), (Shape{11, 16}));
+          EXPECT_EQ(w.at(expert + "down_proj.weight").sizes().vec(), (Shape{16, 11}));
+        }
+        EXPECT_EQ(w.count(pre + "experts.5.gate_proj.weight"), 0u);
+        EXPECT_EQ(w.count(pre + "gate_proj.weight"), 0u);
+        EXPECT_EQ(w.count(pre + "shared_expert_gate.weight"), 0u);  // Qwen2-MoE only
+      } else {
+        EXPECT_EQ(w.at(pre + "gate_proj.weight").sizes().vec(), (Shape{26, 16})) << l;
+        EXPECT_EQ(w.at(pre + "down_proj.weight").sizes().vec(), (Shape{16, 26})) << l;
+        EXPECT_EQ(w.count(pre + "gate.weight"), 0u) << l;
+        EXPECT_EQ(w.count(pre + "experts.0.gate_proj.weight"), 0u) << l;
+      }
+    }
+    const torch::Tensor ids = ids_for(config, 1, 5, 2);
+    const ReferenceMoeOutput out = reference_moe_forward(config, w, ids);
+    if (std::find(c.sparse.begin(), c.sparse.end(), true) == c.sparse.end()) {
+      EXPECT_EQ(out.aux_loss.item<double>(), 0.0);
+      json qwen3 = config;
+      qwen3["architectures"] = {"Qwen3ForCausalLM"};
+      qwen3["model_type"] = "qwen3";
+      EXPECT_TRUE(torch::equal(reference_logits(qwen3, w, ids), out.logits));
+    } else {
+      EXPECT_GT(out.aux_loss.item<double>(), 0.0);
+    }
+  }
+}
+
+// Qwen's norm_topk_prob renormalises the top-k weights (Qwen3-MoE and Qwen2-MoE
+// change with it); Mixtral always does and has no such key. With top-1 a
+// renormalised weight is exactly 1, so scaling the routers (same argmax) changes
+// nothing, while unnormalised weights follow the softmax.
+TEST(ReferenceModels, MoeTopKRenormalisation) {
+  for (json config : {qwen3_moe_config(), qwen2_moe_config()}) {
+    SCOPED_TRACE(arch_of(config));
+    const Weights w = moe_weights(config, 5);
+    const torch::Tensor ids = ids_for(config, 2, 5, 1);
+    config["norm_topk_prob"] = true;
+    const torch::Tensor normed = reference_logits(config, w, ids);
+    config["norm_topk_prob"] = false;
+    const torch::Tensor raw = reference_logits(config, w, ids);
+    EXPECT_GT(max_abs_diff(normed, raw), 1e-3);
+    config.erase("norm_topk_prob");  // default false
+    EXPECT_TRUE(torch::equal(reference_logits(config, w, ids), raw));
+  }
+  json mixtral = mixtral_config();
+  const Weights mw = moe_weights(mixtral, 5);
+  const torch::Tensor ids = ids_for(mixtral, 2, 5, 1);
+  json mixtral_flagged = mixtral;
+  mixtral_flagged["norm_topk_prob"] = false;
+  EXPECT_TRUE(torch::equal(reference_logits(mixtral_flagged, mw, ids), reference_logits(mixtral, mw, ids)));
+
+  json qwen_normed = qwen3_moe_config(), qwen_raw = qwen3_moe_config();
+  qwen_raw["norm_topk_prob"] = false;
+  for (json* c : {&mixtral, &qwen_normed, &qwen_raw}) (*c)["num_experts_per_tok"] = 1;
+  for (const json& config : {mixtral, qwen_normed, qwen_raw}) {
+    const bool renormalised = config.value("norm_topk_prob", true);
+    SCOPED_TRACE(arch_of(config) + (renormalised ? " renormalised" : " raw"));
+    const Weights w = moe_weights(config, 6);
+    const torch::Tensor base = reference_logits(config, w, ids);
+    const torch::Tensor scaled = reference_logits(config, scaled_gates(w, 0.6), ids);
+    if (renormalised) {
+      EXPECT_LT(max_abs_diff(base, scaled), 1e-5 * std::max(1.0, max_abs(base)));
+    } else {
+      EXPECT_GT(max_abs_diff(base, scaled), 1e-3);
+    }
+  }
+}
+
+// Mixtral with one expert and top-1 routes every token to it with weight 1: it is
+// the Mistral model with that expert's w1 / w3 / w2 as mlp.gate_proj / up_proj /
+// down_proj (sliding_window 3 on every layer in both), and its aux loss is 1.
+TEST(ReferenceModels, OneExpertMixtralEqualsMistral) {
+  json mixtral = mixtral_config();
+  mixtral["num_local_experts"] = 1;
+  mixtral["num_experts_per_tok"] = 1;
+  mixtral["sliding_window"] = 3;
+  json mistral = mixtral;
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["model_type"] = "mistral";
+  for (const char* key : {"num_local_experts", "num_experts_per_tok", "router_jitter_noise"}) mistral.erase(key);
+  const Weights w = moe_weights(mixtral, 9);
+  Weights dense;
+  const std::map<std::string, std::string> renamed = {{"w1", "gate_proj"}, {"w3", "up_proj"}, {"w2", "down_proj"}};
+  for (const auto& [name, t] : w) {
+    const auto cut = name.find("block_sparse_moe.");
+    if (cut == std::string::npos) {
+      dense[name] = t;
+    } else if (!ends_with(name, ".gate.weight")) {
+      const std::string which = name.substr(name.size() - std::string("w1.weight").size(), 2);
+      dense[name.substr(0, cut) + "mlp." + renamed.at(which) + ".weight"] = t;
+    }
+  }
+  ASSERT_EQ(dense.size() + 2, w.size());  // one router per layer dropped
+  const torch::Tensor ids = ids_for(mixtral, 2, 8, 4);
+  const ReferenceMoeOutput out = reference_moe_forward(mixtral, w, ids);
+  const torch::Tensor expected = reference_logits(mistral, dense, ids);
+  EXPECT_GT(max_abs(expected), 0.5);
+  EXPECT_LT(max_abs_diff(out.logits, expected), 1e-5 * std::max(1.0, max_abs(expected)));
+  EXPECT_NEAR(out.aux_loss.item<double>(), 1.0, 1e-6);
+}
+
+// reference_moe_forward records autograd: the gradient of CE + c * aux_loss reaches
+// every kind of weight, aux_loss alone reaches the routers but not the last sparse
+// layer's experts, and directional derivatives match central finite differences in
+// fp64 (along the routers only, and along all weights).
+TEST(ReferenceModels, MoeForwardIsDifferentiable) {
+  for (const json& config : {mixtral_config(), qwen2_moe_config()}) {
+    SCOPED_TRACE(arch_of(config));
+    const bool mixtral = arch_of(config) == "MixtralForCausalLM";
+    Weights w = moe_weights(config, 11, 4.0);
+    for (auto& [name, t] : w) t = t.to(torch::kDouble);
+    const torch::Tensor ids = ids_for(config, 2, 5, 6);
+    auto loss_of = [&](const Weights& weights, double coef) {
+      const ReferenceMoeOutput out = reference_moe_forward(config, weights, ids);
+      return reference_next_token_loss(out.logits, ids) + coef * out.aux_loss;
+    };
+    auto leaves = [](const Weights& weights) {
+      Weights out;
+      for (const auto& [name, t] : weights) out[name] = t.clone().requires_grad_(true);
+      return out;
+    };
+
+    Weights leaf = leaves(w);
+    loss_of(leaf, 0.3).backward();
+    const std::string last = mixtral ? "model.layers.1.block_sparse_moe." : "model.layers.2.mlp.";
+    const int64_t experts = mixtral ? 5 : 4;
+    auto expert_proj = [&](int64_t e) {
+      return last + "experts." + std::to_string(e) + (mixtral ? ".w1.weight" : ".gate_proj.weight");
+    };
+    std::vector<std::string> reached = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                                        "model.norm.weight", last + "gate.weight"};
+    if (!mixtral) reached.push_back(last + "shared_expert_gate.weight");
+    for (const std::string& name : reached) {
+      ASSERT_TRUE(leaf.at(name).grad().defined()) << name;
+      EXPECT_GT(max_abs(leaf.at(name).grad()), 0.0) << name;
+    }
+    int64_t experts_reached = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      const torch::Tensor grad = leaf.at(expert_proj(e)).grad();
+      experts_reached += grad.defined() && max_abs(grad) > 0.0;
+    }
+    EXPECT_GE(experts_reached, 2);
+
+    Weights aux_leaf = leaves(w);
+    const torch::Tensor aux = reference_moe_forward(config, aux_leaf, ids).aux_loss;
+    ASSERT_TRUE(aux.requires_grad());
+    aux.backward();
+    EXPECT_GT(max_abs(aux_leaf.at(last + "gate.weight").grad()), 0.0);
+    for (int64_t e = 0; e < experts; ++e) {
+      const torch::Tensor grad = aux_leaf.at(expert_proj(e)).grad();
+      EXPECT_TRUE(!grad.defined() || max_abs(grad) == 0.0) << e;
+    }
+
+    // Central differences along a random direction (routers only, then everything).
+    torch::manual_seed(12);
+    for (bool routers_only : {true, false}) {
+      SCOPED_TRACE(routers_only ? "routers" : "all weights");
+      Weights plus = w, minus = w;
+      double predicted = 0.0;
+      // Small enough that no token's top-k choice flips between the two points.
+      const double eps = routers_only ? 1e-3 : 3e-4;
+      for (const auto& [name, t] : w) {
+        if (routers_only && !ends_with(name, ".gate.weight")) continue;
+        const torch::Tensor d = torch::randn(t.sizes(), torch::kDouble) * (t.std().item<double>() + 0.01);
+        plus[name] = t + eps * d;
+        minus[name] = t - eps * d;
+        const torch::Tensor grad = leaf.at(name).grad();  // undefined for experts no token chose
+        if (grad.defined()) predicted += (grad * d).sum().item<double>();
+      }
+      const double measured = (loss_of(plus, 0.3) - loss_of(minus, 0.3)).item<double>() / (2 * eps);
+      EXPECT_GT(std::abs(predicted), 1e-3);
+      EXPECT_NEAR(measured, predicted, 2e-3 + 1e-2 * std::abs(predicted));
+    }
+  }
+}
+
+// Parameter names and shapes, the gates' random std and the config classes'
+// defaults that decide shapes (num_key_value_heads: Mixtral 8, Qwen2-MoE 16,
+// Qwen3-MoE 4; Qwen3-MoE head_dim hidden / heads; experts: 8 top-2, 60 top-4, 128).
+TEST(ReferenceModels, MoeWeightsAndDefaults) {
+  using Shape = std::vector<int64_t>;
+  auto shape = [](const Weights& w, const std::string& name) { return w.at(name).sizes().vec(); };
+  const Weights mw = reference_random_weights(mixtral_config(), 3);
+  EXPECT_EQ(shape(mw, "model.layers.1.block_sparse_moe.gate.weight"), (Shape{5, 24}));
+  EXPECT_EQ(shape(mw, "model.layers.1.block_sparse_moe.experts.4.w1.weight"), (Shape{22, 24}));
+  EXPECT_EQ(shape(mw, "model.layers.1.block_sparse_moe.experts.4.w3.weight"), (Shape{22, 24}));
+  EXPECT_EQ(shape(mw, "model.layers.1.block_sparse_moe.experts.4.w2.weight"), (Shape{24, 22}));
+  EXPECT_EQ(mw.count("model.layers.0.mlp.gate_proj.weight"), 0u);
+  EXPECT_EQ(mw.count("model.layers.0.self_attn.q_proj.bias"), 0u);
+  EXPECT_EQ(mw.size(), 1u + 2 * (1 + 4 + 1 + 1 + 5 * 3) + 1 + 1);
+  const torch::Tensor router = mw.at("model.layers.0.block_sparse_moe.gate.weight");
+  EXPECT_NEAR(router.std().item<double>(), 0.5, 0.1);
+  EXPECT_NEAR(mw.at("model.layers.0.block_sparse_moe.experts.0.w2.weight").std().item<double>(), 0.02, 0.005);
+
+  const Weights q2 = reference_random_weights(qwen2_moe_config(), 3);
+  for (int64_t l : {0, 2}) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".mlp.";
+    EXPECT_EQ(shape(q2, pre + "gate.weight"), (Shape{4, 16}));
+    EXPECT_EQ(shape(q2, pre + "experts.3.down_proj.weight"), (Shape{16, 10}));
+    EXPECT_EQ(shape(q2, pre + "shared_expert.gate_proj.weight"), (Shape{14, 16}));
+    EXPECT_EQ(shape(q2, pre + "shared_expert.up_proj.weight"), (Shape{14, 16}));
+    EXPECT_EQ(shape(q2, pre + "shared_expert.down_proj.weight"), (Shape{16, 14}));
+    EXPECT_EQ(shape(q2, pre + "shared_expert_gate.weight"), (Shape{1, 16}));
+    EXPECT_GT(q2.at(pre + "shared_expert_gate.weight").std().item<double>(), 0.2);
+  }
+  EXPECT_EQ(shape(q2, "model.layers.1.mlp.up_proj.weight"), (Shape{26, 16}));
+  EXPECT_EQ(q2.count("model.layers.1.self_attn.v_proj.bias"), 1u);  // q/k/v always biased
+  EXPECT_EQ(q2.count("model.layers.1.self_attn.o_proj.bias"), 0u);
+  EXPECT_EQ(q2.count("lm_head.weight"), 1u);
+
+  const Weights q3 = reference_random_weights(qwen3_moe_config(), 3);
+  EXPECT_EQ(shape(q3, "model.layers.1.self_attn.q_norm.weight"), (Shape{6}));
+  EXPECT_EQ(q3.count("model.layers.1.self_attn.o_proj.bias"), 1u);
+  EXPECT_EQ(q3.count("lm_head.weight"), 0u);
+
+  json mixtral = mixtral_config();
+  for (const char* key : {"num_key_value_heads", "num_local_experts", "num_experts_per_tok"}) mixtral.erase(key);
+  mixtral["hidden_size"] = 32;
+  mixtral["num_attention_heads"] = 16;
+  const Weights md = reference_random_weights(mixtral, 3);
+  EXPECT_EQ(shape(md, "model.layers.0.self_attn.k_proj.weight"), (Shape{8 * 2, 32}));
+  EXPECT_EQ(shape(md, "model.layers.0.block_sparse_moe.gate.weight"), (Shape{8, 32}));
+  json qwen2 = qwen2_moe_config();
+  for (const char* key : {"num_key_value_heads", "num_experts", "num_experts_per_tok", "shared_expert_intermediate_size"})
+    qwen2.erase(key);
+  qwen2["hidden_size"] = 32;
+  qwen2["num_attention_heads"] = 16;  // head_dim 2
+  qwen2["num_hidden_layers"] = 1;
+  qwen2["mlp_only_layers"] = json::array();
+  const Weights q2d = reference_random_weights(qwen2, 3);
+  EXPECT_EQ(shape(q2d, "model.layers.0.self_attn.k_proj.weight"), (Shape{16 * 2, 32}));
+  EXPECT_EQ(shape(q2d, "model.layers.0.mlp.gate.weight"), (Shape{60, 32}));
+  EXPECT_EQ(shape(q2d, "model.layers.0.mlp.shared_expert.up_proj.weight"), (Shape{5632, 32}));
+  json qwen3 = qwen3_moe_config();
+  for (const char* key : {"num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok"}) qwen3.erase(key);
+  qwen3["num_attention_heads"] = 8;
+  qwen3["moe_intermediate_size"] = 1;
+  qwen3["num_hidden_layers"] = 2;
+  const Weights q3d = reference_random_weights(qwen3, 3);
+  EXPECT_EQ(shape(q3d, "model.layers.1.self_attn.q_proj.weight"), (Shape{8 * 2, 16}));
+  EXPECT_EQ(shape(q3d, "model.layers.1.self_attn.k_proj.weight"), (Shape{4 * 2, 16}));
+  EXPECT_EQ(shape(q3d, "model.layers.1.mlp.gate.weight"), (Shape{128, 16}));
+  // Default top-k: Qwen2-MoE 4 of 60, Qwen3-MoE 8 of 128; equal to spelling them out.
+  const torch::Tensor ids = torch::tensor({{1, 2, 3}}, torch::kLong);
+  json q2_explicit = qwen2, q3_explicit = qwen3;
+  q2_explicit["num_experts"] = 60;
+  q2_explicit["num_experts_per_tok"] = 4;
+  q2_explicit["shared_expert_intermediate_size"] = 5632;
+  q3_explicit["num_experts"] = 128;
+  q3_explicit["num_experts_per_tok"] = 8;
+  EXPECT_TRUE(torch::equal(reference_moe_forward(qwen2, q2d, ids).aux_loss,
+                           reference_moe_forward(q2_explicit, q2d, ids).aux_loss));
+  q2_explicit["num_experts_per_tok"] = 3;
+  EXPECT_FALSE(torch::equal(reference_moe_forward(qwen2, q2d, ids).aux_loss,
+                            reference_moe_forward(q2_explicit, q2d, ids).aux_loss));
+  EXPECT_TRUE(torch::equal(reference_moe_forward(qwen3, q3d, ids).aux_loss,
+                           reference_moe_forward(q3_explicit, q3d, ids).aux_loss));
+}
+
+TEST(ReferenceModels, RejectsUnsupportedMoeConfigsAndBadExpertWeights) {
+  const torch::Tensor ids = torch::tensor({{1, 2, 3}}, torch::kLong);
+  auto throws = [&](const json& config, const Weights& weights) {
+    EXPECT_THROW(reference_logits(config, weights, ids), std::runtime_error) << config.dump();
+    EXPECT_THROW(reference_moe_forward(config, weights, ids), std::runtime_error) << config.dump();
+  };
+  // A config refused as such, not for weights that no longer fit it.
+  auto refused = [&](const json& config, const Weights& weights) {
+    throws(config, weights);
+    EXPECT_THROW(reference_random_weights(config, 1), std::runtime_error) << config.dump();
+  };
+  auto with = [](json config, const char* key, const json& value) {
+    config[key] = value;
+    return config;
+  };
+  const Weights mw = reference_random_weights(mixtral_config(), 1);
+  const Weights q2w = reference_random_weights(qwen2_moe_config(), 1);
+  const Weights q3w = reference_random_weights(qwen3_moe_config(), 1);
+  EXPECT_NO_THROW(reference_moe_forward(mixtral_config(), mw, ids));
+  refused(with(mixtral_config(), "router_jitter_noise", 0.1), mw);
+  refused(with(mixtral_config(), "num_experts_per_tok", 6), mw);
+  refused(with(mixtral_config(), "num_experts_per_tok", 0), mw);
+  refused(with(mixtral_config(), "hidden_act", "gelu"), mw);
+  refused(with(qwen3_moe_config(), "use_sliding_window", true), q3w);
+  refused(with(qwen2_moe_config(), "use_sliding_window", true), q2w);
+  refused(with(qwen3_moe_config(), "decoder_sparse_step", 0), q3w);
+  refused(with(qwen2_moe_config(), "head_dim", 8), q2w);
+  refused(with(qwen2_moe_config(), "qkv_bias", false), q2w);
+  // ...but the window is off when it is null.
+  EXPECT_NO_THROW(reference_logits(with(with(qwen3_moe_config(), "use_sliding_window", true), "sliding_window", nullptr),
+                                   q3w, ids));
+  // reference_moe_forward is for MoE models only.
+  EXPECT_THROW(reference_moe_forward(mistral_config(), reference_random_weights(mistral_config(), 1), ids),
+               std::runtime_error);
+
+  // Weight validation: missing, unexpected and misshapen expert weights.
+  auto without = [](Weights w, const std::string& name) {
+    EXPECT_EQ(w.erase(name), 1u) << name;
+    return w;
+  };
+  auto added = [](Weights w, const std::string& name, const torch::Tensor& t) {
+    w[name] = t;
+    return w;
+  };
+  throws(mixtral_config(), without(mw, "model.layers.1.block_sparse_moe.experts.4.w2.weight"));
+  throws(mixtral_config(), without(mw, "model.layers.0.block_sparse_moe.gate.weight"));
+  throws(mixtral_config(), added(mw, "model.layers.0.block_sparse_moe.experts.5.w1.weight", torch::zeros({22, 24})));
+  throws(mixtral_config(), added(mw, "model.layers.0.mlp.gate_proj.weight", torch::zeros({22, 24})));
+  throws(mixtral_config(), added(mw, "model.layers.0.block_sparse_moe.gate.weight", torch::zeros({4, 24})));
+  throws(mixtral_config(), added(mw, "model.layers.0.block_sparse_moe.experts.1.w3.weight", torch::zeros({24, 22})));
+  throws(qwen2_moe_config(), without(q2w, "model.layers.2.mlp.shared_expert_gate.weight"));
+  throws(qwen2_moe_config(), without(q2w, "model.layers.0.mlp.shared_expert.down_proj.weight"));
+  throws(qwen2_moe_config(), without(q2w, "model.layers.1.mlp.up_proj.weight"));
+  throws(qwen2_moe_config(), added(q2w, "model.layers.1.mlp.gate.weight", torch::zeros({4, 16})));
+  throws(qwen3_moe_config(), added(q3w, "model.layers.1.mlp.shared_expert_gate.weight", torch::zeros({1, 16})));
+  throws(qwen3_moe_config(), without(q3w, "model.layers.2.mlp.experts.0.up_proj.weight"));
+  throws(qwen3_moe_config(), added(q3w, "model.layers.0.mlp.experts.0.up_proj.weight", torch::zeros({11, 16})));
 }
 
 }  // namespace

@@ -25,9 +25,12 @@ StepResult forward_backward(CausalLM& model, const torch::Tensor& ids, const tor
   auto losses = model.token_losses(ids, targets);
   auto count = (targets != -100).sum();
   auto loss = losses.sum() / count;
+  // Mixture of experts: HF adds router_aux_loss_coef x the load-balancing loss.
+  const double coef = model.config().router_aux_loss_enabled() ? model.config().router_aux_loss_coef : 0;
+  const double aux = model.router_aux_loss(coef);
   loss.backward();
   model.sync_shared_grads();
-  return {loss.detach(), model.full_logits(ids)};
+  return {loss.detach() + coef * aux, model.full_logits(ids)};
 }
 
 AUTOTP_WORKER(model_parity) {
@@ -102,6 +105,11 @@ std::vector<ParityCase> parity_cases() {
     cases.push_back({"gemma2_tp" + std::to_string(tp), "gemma2-tiny",
                      {{"attn_logit_softcapping", 0.05}, {"final_logit_softcapping", 0.5}}, tp});
     cases.push_back({"gemma3_tp" + std::to_string(tp), "gemma3-tiny", json::object(), tp});
+    // Experts split like MLPs, the router replicated (its gradient summed over tp),
+    // with the load-balancing loss.
+    cases.push_back({"mixtral_tp" + std::to_string(tp), "mixtral-tiny", json::object(), tp});
+    cases.push_back({"qwen2_moe_shared_expert_tp" + std::to_string(tp), "qwen2-moe-tiny", json::object(), tp});
+    cases.push_back({"qwen3_moe_tp" + std::to_string(tp), "qwen3-moe-tiny", json::object(), tp});
   }
   cases.push_back({"qwen2_bias_tp3", "qwen2-tiny", json::object(), 3});
   cases.push_back({"llama_biases_tp3", "llama-tiny", {{"attention_bias", true}, {"mlp_bias", true}}, 3});

@@ -82,6 +82,30 @@ TEST(ShardMath, Phi3FusedPartsSplitOnTheirOwn) {
   // A user shape that is not [intermediate, intermediate] is refused.
   EXPECT_THROW(plan_of(c, 2, PlanRules::kAuto, {{{".*gate_up_proj\\.weight"}, TpRole::kColumn, {101, 303}}}), UserError);
   EXPECT_NO_THROW(plan_of(c, 2, PlanRules::kAuto, {{{".*gate_up_proj\\.weight"}, TpRole::kColumn, {202, 202}}}));
+  // DeepSpeed's per-dim form: [2, -1] (two equal parts) and [[q, k, v], -1].
+  auto ds_plan = [&](const std::string& pattern, const char* shape, int tp) {
+    const json spec = {{"layer_specs", {{{"patterns", {pattern}}, {"partition_type", "column"},
+                                         {"shape", json::parse(shape)}, {"partition_dim", 0}}}}};
+    return plan_of(c, tp, PlanRules::kAuto, parse_partition_config(spec));
+  };
+  EXPECT_EQ(ds_plan(".*gate_up_proj\\.weight", "[2, -1]", 4).entry("model.layers.0.mlp.gate_up_proj.weight").spec,
+            fused.spec);
+  const std::string qkv_name = "model.layers.1.self_attn.qkv_proj.weight";
+  EXPECT_EQ(ds_plan(".*qkv_proj\\.weight", "[[96, 32, 32], -1]", 4).entry(qkv_name).spec, plan.entry(qkv_name).spec);
+  auto message = [&](const std::string& pattern, const char* shape) {
+    try {
+      ds_plan(pattern, shape, 2);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // Sizes that are not Phi-3's GQA [96, 32, 32]; 202 x 2 has no 3 equal parts.
+  EXPECT_NE(message(".*qkv_proj\\.weight", "[[64, 48, 48], -1]").find("does not match the layout"), std::string::npos);
+  EXPECT_NE(message(".*gate_up_proj\\.weight", "[3, -1]").find("3 equal parts of dim 0 (size 404)"), std::string::npos);
+  EXPECT_NE(message(".*gate_up_proj\\.weight", "[[202, 202], 96]").find("the dim that is not split must be -1"),
+            std::string::npos);
+  EXPECT_NE(message(".*gate_up_proj\\.weight", "[0, -1]").find("0 is not a positive integer"), std::string::npos);
 }
 
 TEST(ShardSpec, SliceAndPlaceRoundTripWithOverlap) {
@@ -225,8 +249,8 @@ TEST(TpPlan, HfPlanStylesOfBothTransformersGenerations) {
                                                "sequence parallelism is not implemented"),
             std::string::npos)
       << error_of("sequence_parallel");
-  EXPECT_NE(error_of("moe_tp_experts").find("mixture-of-experts"), std::string::npos);
-  EXPECT_NE(error_of("grouped_gemm").find("mixture-of-experts"), std::string::npos);
+  EXPECT_NE(error_of("moe_tp_experts").find("no expert parallelism"), std::string::npos);
+  EXPECT_NE(error_of("grouped_gemm").find("expert-parallel style"), std::string::npos);
   const std::string unknown = error_of("diagonal");
   EXPECT_NE(unknown.find("'diagonal' is not a tensor-parallel style autotp knows (allowed: colwise, colwise_rep"),
             std::string::npos)

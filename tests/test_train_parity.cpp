@@ -64,8 +64,12 @@ AUTOTP_WORKER(train_parity) {
                   load_model(source, TpPlan::build(source.config, plan_options), topo->tp(), torch::kFloat32, 0),
                   nullptr, false);
 
+  // The load-balancing loss of a mixture of experts is HF's per forward: the single
+  // rank runs the same micro-batches (as accumulation steps) to compute the same one.
+  const bool same_micro_batches = source.config.router_aux_loss_enabled();
+  const int64_t ref_micro = same_micro_batches ? micro : global;
   auto single_topo = Topology::single();
-  auto ref_config = TrainConfig::from_json(train_config(1, 0, global, 1, optimizer), "reference");
+  auto ref_config = TrainConfig::from_json(train_config(1, 0, ref_micro, global / ref_micro, optimizer), "reference");
   ref_config.resolve_batch(1);
   Trainer reference(ref_config, single_topo,
                     load_model(source, TpPlan::build(source.config, {}), single_topo->tp(), torch::kFloat32, 0),
@@ -79,7 +83,15 @@ AUTOTP_WORKER(train_parity) {
     for (int64_t j = 0; j < gas; ++j)
       mine.push_back(rows_to_batch(rows.narrow(0, (j * dp + topo->dp_rank()) * micro, micro)));
     auto got = trainer.train_step(mine);
-    auto want = reference.train_step({rows_to_batch(rows)});
+    std::vector<Batch> whole;
+    for (int64_t j = 0; j < global / ref_micro; ++j)
+      whole.push_back(rows_to_batch(rows.narrow(0, j * ref_micro, ref_micro)));
+    auto want = reference.train_step(whole);
+    if (same_micro_batches) {
+      WORKER_CHECK(want.router_aux_loss > 0, "no load-balancing loss measured");
+      WORKER_CHECK(std::abs(got.router_aux_loss - want.router_aux_loss) <= 1e-5 * want.router_aux_loss,
+                   "step ", step + 1, ": load-balancing loss ", got.router_aux_loss, " vs ", want.router_aux_loss);
+    }
     double loss_rel = std::abs(got.loss - want.loss) / want.loss;
     double norm_rel = std::abs(got.grad_norm - want.grad_norm) / want.grad_norm;
     WORKER_CHECK(loss_rel < 1e-5, "step ", step + 1, ": loss ", got.loss, " vs single rank ", want.loss);
@@ -177,6 +189,12 @@ std::vector<TrainCase> train_cases() {
   // Gemma 2 (softcapping, sandwich norms) and Gemma 3 (q/k norms, local rope).
   cases.push_back({"gemma2-tiny", 4, 2, 1, 2});
   cases.push_back({"gemma3-tiny", 3, 3, 3, 1});
+  // Mixtures of experts with their load-balancing loss: experts split, ZeRO partitions them.
+  cases.push_back({"mixtral-tiny", 4, 2, 1, 2});
+  cases.push_back({"mixtral-tiny", 3, 3, 3, 1, "AdamW", "full"});
+  cases.push_back({"qwen2-moe-tiny", 4, 4, 2, 1});
+  cases.push_back({"qwen3-moe-tiny", 4, 2, 0, 1});
+  cases.push_back({"qwen3-moe-tiny", 4, 4, 3, 2});
   // Dropout: masks drawn from global coordinates, so every layout trains as one rank
   // does; recomputation draws the same masks again.
   const json gpt2_dropout = {{"attn_pdrop", 0.1}, {"resid_pdrop", 0.2}, {"embd_pdrop", 0.3}};

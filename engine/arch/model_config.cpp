@@ -69,13 +69,21 @@ void parse_gemma_sliding_window(const json& j, const std::string& source, ModelC
 void parse_sliding_window(const json& j, const std::string& source, ModelConfig& c) {
   if (c.gemma_norms) return parse_gemma_sliding_window(j, source, c);
   // Phi3Config: sliding_window (default none) on every layer, like Mistral's.
-  const bool mistral = c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM";
-  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
+  // MixtralConfig's sliding_window defaults to none, Mistral's to 4096.
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  const bool mistral = c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM" || mixtral;
+  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM" ||
+                    c.architecture == "Qwen2MoeForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
   if (!mistral && !qwen) return;  // HF's Llama has no sliding window
   if (qwen && !get_or<bool>(j, "use_sliding_window", false)) return;  // Qwen2/3Config drop the window then
+  const bool qwen_moe = c.architecture == "Qwen2MoeForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
+  AUTOTP_USER_CHECK(!qwen_moe || (j.contains("sliding_window") && j["sliding_window"].is_null()),
+                    "{}: use_sliding_window is not supported for {} (transformers releases disagree on which of its "
+                    "layers slide; allowed: use_sliding_window false)",
+                    source, c.architecture);
   if (j.contains("sliding_window") && j["sliding_window"].is_null()) return;
   const bool phi3 = c.architecture == "Phi3ForCausalLM";
-  if (phi3 && !j.contains("sliding_window")) return;
+  if ((phi3 || mixtral) && !j.contains("sliding_window")) return;
   // Absent: MistralConfig's and Qwen2Config's default, 4096.
   const json given = j.value("sliding_window", json(4096));
   AUTOTP_USER_CHECK(given.is_number_integer() && given.get<int64_t>() > 0,
@@ -93,6 +101,48 @@ double dropout_probability(const json& j, const char* key, double fallback, cons
   return p;
 }
 
+// Mixtral, Qwen2-MoE, Qwen3-MoE: the sparse blocks, with the config classes' defaults.
+void parse_experts(const json& j, const std::string& source, ModelConfig& c) {
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  c.num_experts = get_or<int64_t>(j, experts_key, mixtral ? 8 : c.architecture == "Qwen2MoeForCausalLM" ? 60 : 128);
+  c.experts_per_token =
+      get_or<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : c.architecture == "Qwen2MoeForCausalLM" ? 4 : 8);
+  AUTOTP_USER_CHECK(c.num_experts >= 0, "{}: '{}' must not be negative, got {}", source, experts_key, c.num_experts);
+  AUTOTP_USER_CHECK(c.num_experts == 0 || (c.experts_per_token >= 1 && c.experts_per_token <= c.num_experts),
+                    "{}: num_experts_per_tok {} must be in 1..{} ({})", source, c.experts_per_token, c.num_experts,
+                    experts_key);
+  c.output_router_logits = get_or<bool>(j, "output_router_logits", false);
+  c.router_aux_loss_coef = get_or<double>(j, "router_aux_loss_coef", 0.001);
+  c.sparse_layers.assign(c.num_layers, c.num_experts > 0);
+  if (mixtral) {
+    c.expert_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+    c.moe_block = "block_sparse_moe";
+    c.expert_projections = {"w1", "w3", "w2"};
+    const double jitter = get_or<double>(j, "router_jitter_noise", 0.0);
+    AUTOTP_USER_CHECK(jitter == 0, "{}: router_jitter_noise {} is not supported (allowed: 0; it scales the "
+                                   "router's input by random noise in training)", source, jitter);
+    return;
+  }
+  // Qwen: sparse blocks on every decoder_sparse_step-th layer not in mlp_only_layers.
+  c.expert_intermediate_size = get_or<int64_t>(j, "moe_intermediate_size",
+                                               c.architecture == "Qwen2MoeForCausalLM" ? 1408 : 768);
+  AUTOTP_USER_CHECK(c.expert_intermediate_size > 0, "{}: moe_intermediate_size must be positive", source);
+  c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);
+  const int64_t step = get_or<int64_t>(j, "decoder_sparse_step", 1);
+  AUTOTP_USER_CHECK(step >= 1, "{}: decoder_sparse_step must be at least 1, got {}", source, step);
+  std::vector<int64_t> dense = get_or<std::vector<int64_t>>(j, "mlp_only_layers", {});
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    c.sparse_layers[l] = c.num_experts > 0 && (l + 1) % step == 0 &&
+                         std::find(dense.begin(), dense.end(), l) == dense.end();
+  if (c.architecture == "Qwen2MoeForCausalLM") {
+    c.shared_expert_intermediate_size = get_or<int64_t>(j, "shared_expert_intermediate_size", 5632);
+    AUTOTP_USER_CHECK(c.shared_expert_intermediate_size > 0, "{}: shared_expert_intermediate_size must be positive",
+                      source);
+  }
+}
+
 void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   c.vocab_size = require_int(j, "vocab_size", source);
   c.hidden_size = require_int(j, "hidden_size", source);
@@ -104,6 +154,8 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
                        : c.num_heads;
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
   const bool gemma3 = c.architecture == "Gemma3ForCausalLM";
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  const bool qwen_moe = c.architecture == "Qwen2MoeForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
   c.gemma_norms = gemma3 || c.architecture == "Gemma2ForCausalLM";
   const bool has_head_dim = j.contains("head_dim") && !j["head_dim"].is_null();
   // Qwen3Config's head_dim defaults to 128, Gemma's to 256; the others' to hidden / heads.
@@ -120,8 +172,8 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   AUTOTP_USER_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for rotary embeddings", source,
                     c.head_dim);
   c.max_positions = get_or<int64_t>(j, "max_position_embeddings", 2048);
-  c.norm_eps = get_or<double>(j, "rms_norm_eps", c.architecture == "Phi3ForCausalLM" ? 1e-5 : 1e-6);
-  c.rope_theta = get_or<double>(j, "rope_theta", gemma3 ? 1000000.0 : 10000.0);
+  c.norm_eps = get_or<double>(j, "rms_norm_eps", c.architecture == "Phi3ForCausalLM" || mixtral ? 1e-5 : 1e-6);
+  c.rope_theta = get_or<double>(j, "rope_theta", gemma3 || mixtral ? 1000000.0 : 10000.0);
   AUTOTP_USER_CHECK(!j.contains("rope_parameters"),
                     "{}: 'rope_parameters' (transformers 5 configs) is not supported; write rope_theta and "
                     "rope_scaling as transformers 4.x does",
@@ -140,17 +192,28 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   const double partial_rotary = get_or<double>(j, "partial_rotary_factor", 1.0);
   AUTOTP_USER_CHECK(partial_rotary == 1.0, "{}: partial_rotary_factor {} is not supported (allowed: 1.0)", source,
                     partial_rotary);
-  bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  bool qwen2 = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen2MoeForCausalLM";
   if (qwen2) {
     c.qkv_bias = true;
     c.o_bias = false;
-  } else if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM") {
+  } else if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM" || mixtral) {
     c.qkv_bias = c.o_bias = false;  // HF's Mistral and Phi-3 layers have no biases whatever the config says
   } else {
     c.qkv_bias = c.o_bias = get_or<bool>(j, "attention_bias", false);
   }
   c.mlp_bias = c.architecture == "LlamaForCausalLM" && get_or<bool>(j, "mlp_bias", false);
-  c.qk_norm = qwen3 || gemma3;
+  c.qk_norm = qwen3 || gemma3 || c.architecture == "Qwen3MoeForCausalLM";
+  if (mixtral || qwen_moe) parse_experts(j, source, c);
+  if (c.architecture == "Qwen2MoeForCausalLM") {  // its attention is Qwen2's whatever newer keys say
+    AUTOTP_USER_CHECK(c.head_dim * c.num_heads == c.hidden_size,
+                      "{}: head_dim {} is not supported for Qwen2MoeForCausalLM (allowed: hidden_size / "
+                      "num_attention_heads = {})",
+                      source, c.head_dim, c.hidden_size / c.num_heads);
+    AUTOTP_USER_CHECK(get_or<bool>(j, "qkv_bias", true),
+                      "{}: qkv_bias false is not supported for Qwen2MoeForCausalLM (its q/k/v projections have "
+                      "biases; allowed: true)",
+                      source);
+  }
   c.attention_dropout = dropout_probability(j, "attention_dropout", 0.0, source);
   // Phi-3 drops each block's output (resid_pdrop); its embd_pdrop is unused by HF's Phi3Model.
   if (c.architecture == "Phi3ForCausalLM") c.residual_dropout = dropout_probability(j, "resid_pdrop", 0.0, source);
@@ -211,7 +274,8 @@ void parse_gpt2(const json& j, const std::string& source, ModelConfig& c) {
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                                  "Qwen3ForCausalLM", "Phi3ForCausalLM",  "Gemma2ForCausalLM",
-                                                 "Gemma3ForCausalLM", "GPT2LMHeadModel"};
+                                                 "Gemma3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                                                 "Qwen3MoeForCausalLM", "GPT2LMHeadModel"};
   return names;
 }
 
@@ -231,7 +295,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   } else if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM" ||
              c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM" ||
              c.architecture == "Phi3ForCausalLM" || c.architecture == "Gemma2ForCausalLM" ||
-             c.architecture == "Gemma3ForCausalLM") {
+             c.architecture == "Gemma3ForCausalLM" || c.architecture == "MixtralForCausalLM" ||
+             c.architecture == "Qwen2MoeForCausalLM" || c.architecture == "Qwen3MoeForCausalLM") {
     c.family = ModelFamily::kLlama;
     parse_llama(j, source, c);
   } else {
@@ -239,6 +304,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
                      fmt::join(supported_architectures(), ", "));
   }
   return c;
+}
+
+std::string ModelConfig::moe_module(int64_t layer) const {
+  return fmt::format("model.layers.{}.{}", layer, moe_block);
+}
+
+std::string ModelConfig::expert_module(int64_t layer, int64_t expert, int which) const {
+  return fmt::format("model.layers.{}.{}.experts.{}.{}", layer, moe_block, expert, expert_projections.at(which));
 }
 
 ModelConfig ModelConfig::from_file(const std::string& path) {

@@ -15,6 +15,10 @@ const char* axis_name(Axis axis) {
     case Axis::kVocab: return "vocab";
     case Axis::kPositions: return "positions";
     case Axis::kHeadDim: return "head_dim";
+    case Axis::kExperts: return "experts";
+    case Axis::kExpertIntermediate: return "expert_intermediate";
+    case Axis::kSharedExpertIntermediate: return "shared_expert_intermediate";
+    case Axis::kSharedExpertGate: return "shared_expert_gate";
   }
   return "?";
 }
@@ -43,6 +47,10 @@ int64_t axis_size(const ModelConfig& c, Axis axis) {
     case Axis::kVocab: return c.vocab_size;
     case Axis::kPositions: return c.max_positions;
     case Axis::kHeadDim: return c.head_dim;
+    case Axis::kExperts: return c.num_experts;
+    case Axis::kExpertIntermediate: return c.expert_intermediate_size;
+    case Axis::kSharedExpertIntermediate: return c.shared_expert_intermediate_size;
+    case Axis::kSharedExpertGate: return 1;
   }
   return 0;
 }
@@ -101,6 +109,29 @@ std::vector<ParamDesc> llama_params(const ModelConfig& c) {
     if (c.gemma_norms) {  // Gemma's sandwich: the MLP has its own pre- and post-norm
       b.norm(layer + ".pre_feedforward_layernorm", false);
       b.norm(layer + ".post_feedforward_layernorm", false);
+    }
+    if (c.is_sparse(i)) {
+      // HF's order: the router, each expert (Mixtral's modules declare w1, w2, w3),
+      // then Qwen2-MoE's shared expert and its gate.
+      const std::string block = c.moe_module(i);
+      b.linear(block + ".gate", Axis::kHidden, Axis::kExperts, false);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        b.linear(c.expert_module(i, e, 0), Axis::kHidden, Axis::kExpertIntermediate, false);
+        if (c.moe_block == "block_sparse_moe") {
+          b.linear(c.expert_module(i, e, 2), Axis::kExpertIntermediate, Axis::kHidden, false);
+          b.linear(c.expert_module(i, e, 1), Axis::kHidden, Axis::kExpertIntermediate, false);
+        } else {
+          b.linear(c.expert_module(i, e, 1), Axis::kHidden, Axis::kExpertIntermediate, false);
+          b.linear(c.expert_module(i, e, 2), Axis::kExpertIntermediate, Axis::kHidden, false);
+        }
+      }
+      if (c.shared_expert_intermediate_size > 0) {
+        b.linear(block + ".shared_expert.gate_proj", Axis::kHidden, Axis::kSharedExpertIntermediate, false);
+        b.linear(block + ".shared_expert.up_proj", Axis::kHidden, Axis::kSharedExpertIntermediate, false);
+        b.linear(block + ".shared_expert.down_proj", Axis::kSharedExpertIntermediate, Axis::kHidden, false);
+        b.linear(block + ".shared_expert_gate", Axis::kHidden, Axis::kSharedExpertGate, false);
+      }
+      continue;
     }
     if (c.fused_projections) {
       b.linear(layer + ".mlp.gate_up_proj", Axis::kHidden, Axis::kGateUp, c.mlp_bias);

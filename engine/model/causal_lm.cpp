@@ -129,6 +129,50 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
   }
 };
 
+}  // namespace
+
+// The routing of one forward's sparse layers (detached), and the gradient that
+// HF's load-balancing loss adds to each router probability once router_aux_loss
+// has computed it from all of them.
+struct RouterAuxState {
+  std::map<int64_t, torch::Tensor> selections, prob_sums;  // per sparse layer: [E] counts, [E] sums (fp64)
+  int64_t tokens = 0;                                       // per layer
+  torch::Tensor grad_per_prob;                              // [E] fp32, undefined until computed
+
+  void record(int64_t layer, const torch::Tensor& selected, const torch::Tensor& probs, int64_t experts) {
+    torch::NoGradGuard no_grad;
+    selections[layer] = torch::bincount(selected.flatten().cpu(), {}, experts).to(torch::kFloat64);
+    prob_sums[layer] = probs.detach().sum(0).to(torch::kCPU, torch::kFloat64);
+    tokens = probs.size(0);
+  }
+};
+
+namespace {
+
+// Identity on the router probabilities whose backward adds the load-balancing
+// loss's gradient (it reaches the router through them alone: the expert counts
+// come from a top-k and carry none). The gradient is known only after the whole
+// forward (the counts span every layer), hence a hook rather than a loss term;
+// recomputed layers get it too. `divisor`: tp when each rank's gradient is a
+// part that the tp group sums (split experts).
+class RouterAuxGradient : public torch::autograd::Function<RouterAuxGradient> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& probs,
+                               RouterAuxState* state, double divisor) {
+    ctx->saved_data["state"] = reinterpret_cast<int64_t>(state);
+    ctx->saved_data["divisor"] = divisor;
+    return probs;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* state = reinterpret_cast<RouterAuxState*>(ctx->saved_data["state"].toInt());
+    torch::Tensor grad = grad_outputs[0];
+    if (state->grad_per_prob.defined())
+      grad = grad + (state->grad_per_prob / ctx->saved_data["divisor"].toDouble()).to(grad.device());
+    return {grad, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 void call_hook(const std::function<void(int64_t)>& hook, int64_t use) {
   if (hook) hook(use);
 }
@@ -392,6 +436,7 @@ torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const
   auto out = x + dropout(attn, layer, DropoutSite::kAttentionOutput, config_.residual_dropout);
 
   h = norm(p + (config_.gemma_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm"), out);
+  if (config_.is_sparse(layer)) return out + moe_block(layer, h);
   if (is_split(*find(p + (fused ? "mlp.gate_up_proj.weight" : "mlp.gate_proj.weight"))->entry))
     h = copy_to_tp(h, tp_);
   torch::Tensor mlp;
@@ -404,6 +449,57 @@ torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const
   mlp = linear(p + "mlp.down_proj", mlp);
   if (config_.gemma_norms) mlp = norm(p + "post_feedforward_layernorm", mlp);
   return out + dropout(mlp, layer, DropoutSite::kMlpOutput, config_.residual_dropout);
+}
+
+torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
+  const std::string block = config_.moe_module(layer) + ".";
+  const int64_t hidden = h_in.size(-1);
+  // Split experts: every rank routes every token and runs its part of each expert;
+  // the weighted sum of the parts is reduced once for the block.
+  const bool split = is_split(*find(config_.expert_module(layer, 0, 0) + ".weight")->entry);
+  const torch::Tensor x = (split ? copy_to_tp(h_in, tp_) : h_in).reshape({-1, hidden});
+  const Parameter* router = find(block + "gate.weight");
+  torch::Tensor probs = torch::softmax(F::linear(x, router->tensor), -1, torch::kFloat32);  // HF: fp32
+  if (router_aux_ && config_.router_aux_loss_enabled() && torch::GradMode::is_enabled() && probs.requires_grad())
+    probs = RouterAuxGradient::apply(probs, router_aux_.get(), router->entry->partial_grad ? tp_.size() : 1);
+  auto [weights, selected] = probs.topk(config_.experts_per_token, -1);
+  if (router_aux_) router_aux_->record(layer, selected, probs, config_.num_experts);
+  if (config_.norm_topk_prob) weights = weights / weights.sum(-1, true);
+  weights = weights.to(x.scalar_type());
+  // Every expert runs, on its tokens (possibly none: its gradient is then zero, not missing).
+  torch::Tensor out = torch::zeros_like(x);
+  for (int64_t e = 0; e < config_.num_experts; ++e) {
+    const auto where = (selected == e).nonzero();  // [tokens, 2]: token, slot
+    const auto tokens = where.select(1, 0), slots = where.select(1, 1);
+    const auto xe = x.index_select(0, tokens);
+    auto ye = mlp_activation(F::linear(xe, tensor(config_.expert_module(layer, e, 0) + ".weight"))) *
+              F::linear(xe, tensor(config_.expert_module(layer, e, 1) + ".weight"));
+    ye = torch::matmul(ye, tensor(config_.expert_module(layer, e, 2) + ".weight").t());
+    out = out.index_add(0, tokens, ye * weights.index({tokens, slots}).unsqueeze(-1));
+  }
+  if (config_.shared_expert_intermediate_size > 0) {  // Qwen2-MoE: every token, behind a sigmoid gate
+    const std::string s = block + "shared_expert.";
+    auto shared = mlp_activation(F::linear(x, tensor(s + "gate_proj.weight"))) *
+                  F::linear(x, tensor(s + "up_proj.weight"));
+    shared = torch::matmul(shared, tensor(s + "down_proj.weight").t());
+    out = out + torch::sigmoid(F::linear(x, tensor(block + "shared_expert_gate.weight"))) * shared;
+  }
+  if (split) out = reduce_from_tp(out, tp_);
+  return out.view(h_in.sizes());
+}
+
+double CausalLM::router_aux_loss(double gradient_weight) {
+  if (!router_aux_ || router_aux_->selections.empty()) return 0;
+  // HF concatenates the layers' router logits: means over layers x tokens.
+  const auto& r = *router_aux_;
+  const double rows = static_cast<double>(r.selections.size()) * static_cast<double>(r.tokens);
+  auto counts = torch::zeros({config_.num_experts}, torch::kFloat64), sums = torch::zeros_like(counts);
+  for (const auto& [layer, c] : r.selections) counts += c;
+  for (const auto& [layer, p] : r.prob_sums) sums += p;
+  const double experts = static_cast<double>(config_.num_experts);
+  const double loss = experts * (counts / rows * (sums / rows)).sum().item<double>();
+  router_aux_->grad_per_prob = (counts * (gradient_weight * experts / (rows * rows))).to(torch::kFloat32);
+  return loss;
 }
 
 torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
@@ -469,6 +565,11 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   AUTOTP_USER_CHECK(config_.family != ModelFamily::kGpt2 || T <= config_.max_positions,
                     "sequence length {} exceeds the model's {} positions (n_positions)", T, config_.max_positions);
   backward_state_.clear();  // the previous forward's backward is done
+  router_aux_.reset();
+  if (config_.num_experts > 0) {
+    router_aux_ = std::make_shared<RouterAuxState>();
+    backward_state_.push_back(router_aux_);  // recomputed layers still record into it
+  }
   auto checkpointed = [this](int64_t l) {
     return l < static_cast<int64_t>(checkpoint_layers_.size()) && checkpoint_layers_[l];
   };

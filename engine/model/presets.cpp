@@ -137,6 +137,45 @@ std::vector<Preset> make_presets() {
   gemma3["attn_logit_softcapping"] = nullptr;
   gemma3["final_logit_softcapping"] = nullptr;
   list.push_back({"gemma3-tiny", "Gemma 3 text (q/k norms, 2 local layers : 1 global), 6 heads, 2 kv heads", gemma3});
+  // Mixture of experts, uneven at tp 3 and 4 (expert widths 74, 38, 42; shared 58),
+  // the load-balancing loss on with a coefficient large enough to matter.
+  json mixtral = llama_config("MixtralForCausalLM", 259, 72, 74, 2, 6, 2, false, "mixtral");
+  mixtral.erase("attention_bias");
+  mixtral["num_local_experts"] = 5;
+  mixtral["num_experts_per_tok"] = 2;
+  mixtral["output_router_logits"] = true;
+  mixtral["router_aux_loss_coef"] = 0.05;
+  mixtral["router_jitter_noise"] = 0.0;
+  mixtral["sliding_window"] = nullptr;
+  list.push_back({"mixtral-tiny", "Mixtral (5 experts of width 74, top-2, load-balancing loss 0.05), 6 heads, 2 kv "
+                  "heads", mixtral});
+  json qwen2_moe = llama_config("Qwen2MoeForCausalLM", 259, 64, 150, 3, 4, 2, false, "qwen2_moe");
+  qwen2_moe.erase("attention_bias");
+  qwen2_moe["use_sliding_window"] = false;
+  qwen2_moe["num_experts"] = 6;
+  qwen2_moe["num_experts_per_tok"] = 2;
+  qwen2_moe["moe_intermediate_size"] = 38;
+  qwen2_moe["shared_expert_intermediate_size"] = 58;
+  qwen2_moe["norm_topk_prob"] = false;
+  qwen2_moe["decoder_sparse_step"] = 1;
+  qwen2_moe["mlp_only_layers"] = json::array({1});
+  qwen2_moe["output_router_logits"] = true;
+  qwen2_moe["router_aux_loss_coef"] = 0.05;
+  list.push_back({"qwen2-moe-tiny", "Qwen2-MoE (6 experts of width 38, top-2, a gated shared expert; layer 1 dense), "
+                  "4 heads, 2 kv heads", qwen2_moe});
+  json qwen3_moe = llama_config("Qwen3MoeForCausalLM", 259, 64, 150, 2, 6, 2, false, "qwen3_moe");
+  qwen3_moe["head_dim"] = 20;
+  qwen3_moe["use_sliding_window"] = false;
+  qwen3_moe["num_experts"] = 5;
+  qwen3_moe["num_experts_per_tok"] = 3;
+  qwen3_moe["moe_intermediate_size"] = 42;
+  qwen3_moe["norm_topk_prob"] = true;
+  qwen3_moe["decoder_sparse_step"] = 2;
+  qwen3_moe["mlp_only_layers"] = json::array();
+  qwen3_moe["output_router_logits"] = true;
+  qwen3_moe["router_aux_loss_coef"] = 0.05;
+  list.push_back({"qwen3-moe-tiny", "Qwen3-MoE (q/k norms; layer 1 sparse: 5 experts of width 42, top-3, "
+                  "renormalised), 6 heads, 2 kv heads", qwen3_moe});
   list.push_back({"mistral-tiny", "Mistral, 8 heads, 2 kv heads, vocab 259",
                   llama_config("MistralForCausalLM", 259, 64, 160, 2, 8, 2, false, "mistral")});
   list.push_back({"gpt2-tiny", "GPT-2, 6 heads, vocab 259 not divisible by 4, tied LM head",

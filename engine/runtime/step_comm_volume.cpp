@@ -73,7 +73,7 @@ StepCommVolume analytic_step_comm_volume(CausalLM& model, const TrainConfig& con
   if (d > 1) {
     GroupVolume& dp = v.dp;
     dp.all_reduce.add(1, 16);  // Trainer: target tokens of the global batch (2 x double)
-    dp.all_reduce.add(1, 8);   // Trainer: loss sum (1 double)
+    dp.all_reduce.add(1, 16);  // Trainer: loss and load-balancing loss sums (2 x double)
     ZeroStepShape zs;
     zs.num_layers = mc.num_layers;
     zs.gradient_accumulation_steps = G;

@@ -40,6 +40,7 @@ nlohmann::json StepMetrics::to_json() const {
     j["memory"]["peak_reserved_bytes"] = peak_reserved_bytes;
   }
   if (loss_scale != 1) j["loss_scale"] = loss_scale;
+  if (router_aux_loss != 0) j["router_aux_loss"] = router_aux_loss;
   return j;
 }
 
@@ -130,10 +131,10 @@ torch::Tensor Trainer::global_target_tokens(const std::vector<Batch>& micro_batc
   return tokens;
 }
 
-double Trainer::forward_backward(const std::vector<Batch>& micro_batches, double total_tokens) {
+std::pair<double, double> Trainer::forward_backward(const std::vector<Batch>& micro_batches, double total_tokens) {
   optimizer_->begin_step();
   const double scale = optimizer_->loss_scale();
-  double loss_sum = 0;
+  double loss_sum = 0, aux_sum = 0;
   // Micro-batch j of dp rank r holds samples (j * dp + r) * micro_batch onwards of
   // the step's global batch (DistributedSampler): the rows of its dropout masks.
   const int64_t dp = topology_->dp_size(), rank = topology_->dp_rank();
@@ -146,11 +147,17 @@ double Trainer::forward_backward(const std::vector<Batch>& micro_batches, double
     auto losses = model_->token_losses(b.input_ids, b.labels);
     auto sum = losses.sum();
     loss_sum += sum.item<double>();
+    // HF adds router_aux_loss_coef times each forward's load-balancing loss to its
+    // loss: the step's objective averages it over the global batch's micro-batches
+    // (the data-parallel reduction sums the ranks' gradients).
+    if (model_->config().router_aux_loss_enabled())
+      aux_sum += model_->router_aux_loss(scale * model_->config().router_aux_loss_coef /
+                                         static_cast<double>(micro_batches.size() * dp));
     (sum * (scale / total_tokens)).backward();
     optimizer_->after_backward();
   }
   model_->set_dropout(std::nullopt);
-  return loss_sum;
+  return {loss_sum, aux_sum};
 }
 
 void Trainer::record_memory(StepMetrics& m, const torch::Device& device, int64_t at_start) const {
@@ -199,14 +206,14 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   AUTOTP_USER_CHECK(total_tokens > 0, "step {}: the global batch has no target tokens (every label is masked)",
                     steps_done_ + 1);
 
-  const double loss_sum = forward_backward(micro_batches, total_tokens);
+  const auto [loss_sum, aux_sum] = forward_backward(micro_batches, total_tokens);
   clock.mark();
   const double comm_after_backward = comm_seconds();
   // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
   const double lr = learning_rate(config_.scheduler, config_.optimizer.lr, applied_steps_);
   StepOutcome outcome = optimizer_->step(lr);
   if (!outcome.skipped) ++applied_steps_;
-  auto loss = torch::tensor({loss_sum}, torch::kFloat64);
+  auto loss = torch::tensor({loss_sum, aux_sum}, torch::kFloat64);
   topology_->dp().all_reduce(loss);
   ++steps_done_;
   clock.mark();
@@ -214,7 +221,9 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
 
   StepMetrics m;
   m.step = steps_done_;
-  m.loss = loss.item<double>() / total_tokens;
+  m.router_aux_loss =
+      loss[1].item<double>() / static_cast<double>(micro_batches.size() * topology_->dp_size());
+  m.loss = loss[0].item<double>() / total_tokens + model_->config().router_aux_loss_coef * m.router_aux_loss;
   m.grad_norm = outcome.grad_norm;
   m.lr = lr;
   m.loss_scale = config_.fp16.enabled ? outcome.loss_scale : 1;

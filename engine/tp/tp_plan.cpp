@@ -48,6 +48,24 @@ bool is_weight(const ParamDesc& d) {
 
 bool is_linear(const ParamDesc& d) { return d.kind == ParamKind::kLinear || d.kind == ParamKind::kConv1D; }
 
+// A mixture-of-experts router (or Qwen2-MoE's shared-expert gate): every rank needs
+// all of its logits to route every token.
+bool is_router(const ParamDesc& d) {
+  if (!is_linear(d)) return false;
+  const Axis out = d.axes[d.out_dim()];
+  return out == Axis::kExperts || out == Axis::kSharedExpertGate;
+}
+
+// The sparse block a parameter belongs to ("model.layers.3.mlp" for its router,
+// experts and shared expert), empty outside one.
+std::string moe_block_of(const std::string& module) {
+  for (const char* part : {".experts.", ".shared_expert."}) {
+    const auto at = module.find(part);
+    if (at != std::string::npos) return module.substr(0, at);
+  }
+  return module.substr(0, module.rfind('.'));
+}
+
 std::string strip_prefix(const std::string& name, const std::string& prefix) {
   return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
 }
@@ -91,6 +109,9 @@ TpRole role_from_hf_style(const std::string& style, const ParamDesc& d, const st
   const std::string at = fmt::format("base_model_tp_plan['{}'] = '{}'", key, style);
   const bool vocab_param = d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead;
   if (listed(kVocabStyles, style)) return TpRole::kVocab;
+  // A router with its output gathered (HF's Mixtral plan says colwise_rep) computes
+  // what a whole one does: autotp keeps it whole.
+  if (is_router(d) && (style == "colwise_rep" || style == "colwise_gather_output")) return TpRole::kReplicated;
   if (listed(kColumnStyles, style)) return vocab_param ? TpRole::kVocab : TpRole::kColumn;
   if (listed(kRowStyles, style)) return vocab_param ? TpRole::kVocab : TpRole::kRow;
   if (listed(kReplicatedStyles, style)) return TpRole::kReplicated;
@@ -103,7 +124,9 @@ TpRole role_from_hf_style(const std::string& style, const ParamDesc& d, const st
                      "embedding_rowwise (vocab-parallel)",
                      at);
   if (listed(kExpertStyles, style))
-    throw_user_error("{}: a mixture-of-experts style; autotp has no expert layers in this model", at);
+    throw_user_error("{}: an expert-parallel style; autotp splits each expert across the tp ranks (experts "
+                     "colwise / rowwise, the router replicated) and has no expert parallelism",
+                     at);
   if (style == "mla_kv_a_proj")
     throw_user_error("{}: multi-head latent attention is not implemented", at);
   throw_user_error("{} is not a tensor-parallel style autotp knows (allowed: {}, {}, {}, {})", at,
@@ -115,6 +138,7 @@ TpRole role_from_hf_style(const std::string& style, const ParamDesc& d, const st
 std::pair<TpRole, std::string> structural_role(const ParamDesc& d) {
   if (d.kind == ParamKind::kEmbedding || d.kind == ParamKind::kLmHead)
     return {TpRole::kVocab, "rule: token embedding / LM head"};
+  if (is_router(d)) return {TpRole::kReplicated, "rule: router (every rank routes every token)"};
   if (is_linear(d)) {
     bool reads = d.axes[d.in_dim()] == Axis::kHidden, writes = d.axes[d.out_dim()] == Axis::kHidden;
     if (writes && !reads) return {TpRole::kRow, "rule: writes the hidden stream"};
@@ -141,6 +165,40 @@ TpRole parse_tp_role(const std::string& name, const std::string& where) {
   for (TpRole r : {TpRole::kColumn, TpRole::kRow, TpRole::kVocab, TpRole::kReplicated})
     if (name == tp_role_name(r)) return r;
   throw_user_error("{}: partition_type '{}' is not valid (allowed: column, row, vocab, replicated)", where, name);
+}
+
+// `shape` is either the sub-parameter sizes along the split dim ([q, k, v]), or
+// DeepSpeed's per-dim form: the split dim's entry is a count of equal parts or a
+// list of sizes, every other dim -1 ([2, -1] for gate_up, [[q, k, v], -1]).
+void parse_spec_shape(const json& shape, const std::string& at, LayerSpec& spec) {
+  const std::string allowed = "allowed: sub-parameter sizes [a, b, ...], or DeepSpeed's [n, -1] / [[a, b, ...], -1] "
+                              "with the split dim's entry first for column and second for row";
+  AUTOTP_USER_CHECK(shape.is_array() && !shape.empty(), "{}.shape must be a non-empty array ({})", at, allowed);
+  const bool deepspeed_form = std::any_of(shape.begin(), shape.end(), [](const json& v) {
+    return v.is_array() || (v.is_number_integer() && v.get<int64_t>() == -1);
+  });
+  auto positive = [&](const json& v) {
+    AUTOTP_USER_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, "{}.shape: {} is not a positive integer ({})",
+                      at, v.dump(), allowed);
+    return v.get<int64_t>();
+  };
+  if (!deepspeed_form) {
+    for (const auto& v : shape) spec.shape.push_back(positive(v));
+    return;
+  }
+  const size_t split_dim = spec.role == TpRole::kRow ? 1 : 0;
+  AUTOTP_USER_CHECK(shape.size() == 2 && (spec.role == TpRole::kColumn || spec.role == TpRole::kRow),
+                    "{}.shape {}: the DeepSpeed form describes the two dims of a column or row weight ({})", at,
+                    shape.dump(), allowed);
+  AUTOTP_USER_CHECK(shape[1 - split_dim] == -1, "{}.shape {}: the dim that is not split must be -1 ({})", at,
+                    shape.dump(), allowed);
+  const json& parts = shape[split_dim];
+  if (parts.is_array()) {
+    AUTOTP_USER_CHECK(!parts.empty(), "{}.shape {}: empty list of sizes ({})", at, shape.dump(), allowed);
+    for (const auto& v : parts) spec.shape.push_back(positive(v));
+  } else {
+    spec.equal_parts = positive(parts);
+  }
 }
 
 std::vector<LayerSpec> parse_partition_config(const json& j) {
@@ -188,15 +246,7 @@ std::vector<LayerSpec> parse_partition_config(const json& j) {
                         "{}.partition_dim is {} (allowed: 0 for column, 1 for row; the role decides the dim)", at,
                         item["partition_dim"].dump());
     }
-    if (item.contains("shape")) {
-      AUTOTP_USER_CHECK(item["shape"].is_array() && !item["shape"].empty(), "{}.shape must be a non-empty array",
-                        at);
-      for (const auto& v : item["shape"]) {
-        AUTOTP_USER_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, "{}.shape must hold positive integers",
-                          at);
-        spec.shape.push_back(v.get<int64_t>());
-      }
-    }
+    if (item.contains("shape")) parse_spec_shape(item["shape"], at, spec);
     specs.push_back(std::move(spec));
   }
   return specs;
@@ -224,6 +274,8 @@ std::vector<std::vector<Segment>> axis_partition(const ModelConfig& c, Axis axis
       return parts;
     }
     case Axis::kIntermediate:
+    case Axis::kExpertIntermediate:
+    case Axis::kSharedExpertIntermediate:
     case Axis::kVocab: {
       int64_t total = axis_size(c, axis);
       AUTOTP_USER_CHECK(total >= tp, "autotp_size {} exceeds the {} size {}", tp, axis_name(axis), total);
@@ -231,7 +283,9 @@ std::vector<std::vector<Segment>> axis_partition(const ModelConfig& c, Axis axis
     }
     case Axis::kHidden:
     case Axis::kPositions:
-    case Axis::kHeadDim: break;
+    case Axis::kHeadDim:
+    case Axis::kExperts:
+    case Axis::kSharedExpertGate: break;
   }
   throw_user_error("the {} axis cannot be split across tensor-parallel ranks", axis_name(axis));
 }
@@ -259,6 +313,19 @@ nlohmann::json builtin_name_plan(const ModelConfig& c) {
           {"layers.*.mlp.up_proj", "colwise"},
           {"layers.*.mlp.down_proj", "rowwise"},
           {"lm_head", "colwise_rep"}};
+  if (c.num_experts > 0) {  // each expert split like an MLP; the router whole
+    const std::string block = "layers.*." + c.moe_block;
+    plan[block + ".gate"] = "replicated_with_grad_allreduce";
+    plan[block + ".experts.*." + c.expert_projections[0]] = "colwise";
+    plan[block + ".experts.*." + c.expert_projections[1]] = "colwise";
+    plan[block + ".experts.*." + c.expert_projections[2]] = "rowwise";
+    if (c.shared_expert_intermediate_size > 0) {
+      plan[block + ".shared_expert.gate_proj"] = "colwise";
+      plan[block + ".shared_expert.up_proj"] = "colwise";
+      plan[block + ".shared_expert.down_proj"] = "rowwise";
+      plan[block + ".shared_expert_gate"] = "replicated_with_grad_allreduce";
+    }
+  }
   if (c.qk_norm) {
     plan["layers.*.self_attn.q_norm"] = "replicated_with_grad_allreduce";
     plan["layers.*.self_attn.k_norm"] = "replicated_with_grad_allreduce";
@@ -347,18 +414,26 @@ ShardSpec checked_spec(const ModelConfig& config, const ParamDesc& d, const Plan
   AUTOTP_USER_CHECK(is_linear(d) || d.kind == ParamKind::kBias,
                     "{}: {} partitioning applies only to linear layers (this is a {})", where,
                     tp_role_name(e.role), param_kind_name(d.kind));
+  AUTOTP_USER_CHECK(!is_router(d), "{}: a router must be replicated (every rank routes every token; allowed: "
+                                   "replicated)", where);
   int64_t dim = d.kind == ParamKind::kBias ? 0 : (column ? d.out_dim() : d.in_dim());
   Axis axis = d.axes[dim];
   AUTOTP_USER_CHECK(axis != Axis::kHidden,
                     "{}: a {}-parallel layer would split the hidden stream; use {} for this layer", where,
                     tp_role_name(e.role), column ? "row" : "column");
-  if (user && !user->shape.empty()) {
+  if (user && (!user->shape.empty() || user->equal_parts > 0)) {
     // A user-declared sub-parameter layout must agree with the model's own
     // (e.g. [q, k, v] sizes of a fused projection): each part is split by heads.
+    std::vector<int64_t> shape = user->shape;
+    if (user->equal_parts > 0) {
+      AUTOTP_USER_CHECK(d.shape[dim] % user->equal_parts == 0, "{}: shape asks for {} equal parts of dim {} (size {})",
+                        where, user->equal_parts, dim, d.shape[dim]);
+      shape.assign(user->equal_parts, d.shape[dim] / user->equal_parts);
+    }
     int64_t sum = 0;
-    for (int64_t s : user->shape) sum += s;
+    for (int64_t s : shape) sum += s;
     AUTOTP_USER_CHECK(sum == d.shape[dim], "{}: shape {} sums to {}, but dim {} has size {}", where,
-                      shape_str(user->shape), sum, dim, d.shape[dim]);
+                      shape_str(shape), sum, dim, d.shape[dim]);
     std::vector<int64_t> expected;
     if (axis == Axis::kQkv)
       expected = {config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim,
@@ -367,8 +442,8 @@ ShardSpec checked_spec(const ModelConfig& config, const ParamDesc& d, const Plan
       expected = {config.intermediate_size, config.intermediate_size};
     else
       expected = {d.shape[dim]};
-    AUTOTP_USER_CHECK(user->shape == expected, "{}: shape {} does not match the layout of this weight {}",
-                      where, shape_str(user->shape), shape_str(expected));
+    AUTOTP_USER_CHECK(shape == expected, "{}: shape {} does not match the layout of this weight {}", where,
+                      shape_str(shape), shape_str(expected));
   }
   return ShardSpec::split(d.shape, dim, axis_partition(config, axis, tp));
 }
@@ -392,15 +467,40 @@ void check_blocks(const std::vector<PlanEntry>& entries) {
   }
 }
 
+// The experts of a sparse block (and its shared expert) are all split or all whole:
+// the block sums its experts' outputs before one reduction over tp.
+void check_moe_blocks(const std::vector<PlanEntry>& entries) {
+  std::map<std::string, std::map<bool, std::string>> blocks;  // block -> split? -> an example
+  for (const auto& e : entries) {
+    const std::string block = moe_block_of(e.desc.module);
+    const bool in_expert = block != e.desc.module.substr(0, e.desc.module.rfind('.'));
+    if (is_linear(e.desc) && in_expert) blocks[block][e.role != TpRole::kReplicated] = e.desc.name;
+  }
+  for (const auto& [block, kinds] : blocks)
+    AUTOTP_USER_CHECK(kinds.size() == 1,
+                      "tensor-parallel plan: the experts of '{}' are split in part ({} is split, {} is whole); split "
+                      "every expert (gate/up column, down row) or none",
+                      block, kinds.at(true), kinds.at(false));
+}
+
 // A per-head tensor (Axis::kHeadDim) serves the heads of its attention block:
 // when the block is split, every rank holds it whole but sees only its heads.
+// A router of split experts weighs each rank's part of their outputs: its gradient
+// is partial in the same way.
 void mark_partial_grads(std::vector<PlanEntry>& entries, int tp) {
   if (tp == 1) return;  // one rank sees every head
-  std::set<std::string> split_blocks;
+  std::set<std::string> split_blocks, split_moe_blocks;
   for (const auto& e : entries)
-    if (is_linear(e.desc) && e.role != TpRole::kReplicated)
+    if (is_linear(e.desc) && e.role != TpRole::kReplicated) {
       split_blocks.insert(e.desc.module.substr(0, e.desc.module.rfind('.')));
+      split_moe_blocks.insert(moe_block_of(e.desc.module));
+    }
   for (auto& e : entries) {
+    if (is_router(e.desc) && e.role == TpRole::kReplicated && split_moe_blocks.count(moe_block_of(e.desc.module))) {
+      e.partial_grad = true;
+      e.source += "; gradient summed over tp (weighs each rank's part of the experts)";
+      continue;
+    }
     if (e.desc.axes != std::vector<Axis>{Axis::kHeadDim} || e.role != TpRole::kReplicated) continue;
     if (!split_blocks.count(e.desc.module.substr(0, e.desc.module.rfind('.')))) continue;
     e.partial_grad = true;
@@ -441,6 +541,7 @@ TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
                       "tensor_parallel.partition_config.layer_specs[{}]: patterns {} match no parameter", s,
                       fmt::join(options.layer_specs[s].patterns, ", "));
   check_blocks(plan.entries_);
+  check_moe_blocks(plan.entries_);
   mark_partial_grads(plan.entries_, tp);
   return plan;
 }

@@ -2,6 +2,9 @@
 
 #include "autotp/arch/layer_names.h"
 
+#include <set>
+#include <string>
+
 namespace autotp {
 
 TpStepShape tp_step_shape(const TpPlan& plan, int64_t num_layers) {
@@ -10,10 +13,17 @@ TpStepShape tp_step_shape(const TpPlan& plan, int64_t num_layers) {
   s.row_linears.assign(num_layers, 0);
   const PlanEntry* embedding = nullptr;
   const PlanEntry* head = nullptr;
+  // A sparse block reduces its experts' (and shared expert's) summed outputs once.
+  std::vector<std::set<std::string>> reductions(num_layers);
   for (const auto& e : plan.entries()) {
     const ParamKind kind = e.desc.kind;
     if (const int64_t l = decoder_layer_of(e.desc.name); l >= 0)
-      if (e.role == TpRole::kRow && (kind == ParamKind::kLinear || kind == ParamKind::kConv1D)) ++s.row_linears[l];
+      if (e.role == TpRole::kRow && (kind == ParamKind::kLinear || kind == ParamKind::kConv1D)) {
+        std::string block = e.desc.module;
+        for (const char* part : {".experts.", ".shared_expert."})
+          if (const auto at = e.desc.module.find(part); at != std::string::npos) block = e.desc.module.substr(0, at);
+        if (reductions[l].insert(block).second) ++s.row_linears[l];
+      }
     if (kind == ParamKind::kEmbedding && !embedding) embedding = &e;
     if (kind == ParamKind::kLmHead) head = &e;
     // sum_partial_grads (tp/parallel_layers.h) sums these; other replicated tensors' gradients are whole on

@@ -60,6 +60,8 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
       l.in = shape[e.desc.in_dim()];
       l.out = shape[e.desc.out_dim()];
       l.row = e.role == TpRole::kRow;
+      const bool expert = e.desc.axes[0] == Axis::kExpertIntermediate || e.desc.axes[1] == Axis::kExpertIntermediate;
+      if (expert) l.token_share = static_cast<double>(config.experts_per_token) / config.num_experts;
       s.layer_linears.push_back(l);
       // What the layer computes per rank, from the axis each projection writes.
       const Axis out = e.desc.axes[e.desc.out_dim()];
@@ -71,6 +73,10 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
                            config.head_dim;
       if (out == Axis::kIntermediate) s.local_intermediate = l.out;
       if (out == Axis::kGateUp) s.local_intermediate = l.out / 2;
+      // A token's activations in a sparse block: its top-k experts' (and the shared expert's) features.
+      if (out == Axis::kExpertIntermediate) s.local_intermediate = l.out * config.experts_per_token;
+      if (out == Axis::kSharedExpertIntermediate && ends_with(l.name, "gate_proj"))
+        s.local_intermediate += l.out;
     }
   }
   return s;

@@ -18,6 +18,7 @@ struct LocalLinear {
   std::string name;        // module suffix inside the layer, e.g. "self_attn.q_proj"
   int64_t in = 0, out = 0; // local input / output features of this rank
   bool row = false;        // row-parallel: all-reduce of the output in the forward
+  double token_share = 1;  // of the batch's tokens it sees: an expert's experts_per_token / num_experts on average
 };
 
 // A span [begin, end) of the rank's flat parameter buffer (plan order, as the ZeRO optimizer lays it out).
@@ -32,7 +33,8 @@ struct RankShape {
   int64_t outer_numel = 0;                // embeddings, final norm, LM head
   int64_t outer_tensors = 0;              // how many parameters are outside the layers
   int64_t tensors = 0;                    // parameters in all
-  std::vector<LocalLinear> layer_linears; // layer 0's linears (every layer has the same shapes)
+  std::vector<LocalLinear> layer_linears; // layer 0's linears (every layer is modelled on it, also where a
+                                          // mixture of experts mixes dense and sparse layers)
   int64_t hidden = 0, head_dim = 0;
   int64_t local_heads = 0, local_kv_heads = 0, local_intermediate = 0, local_vocab = 0;
   bool vocab_split = false;               // embedding / LM head vocab-parallel

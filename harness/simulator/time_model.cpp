@@ -153,9 +153,10 @@ std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, 
   const double layers = static_cast<double>(config.num_layers);
   const double forwards = l.recompute() ? 2 : 1;  // a recomputed layer runs its forward twice
   for (const auto& lin : s.layer_linears) {
-    g.push_back({{BT, lin.in, lin.out, 1}, layers * forwards});
-    g.push_back({{BT, lin.out, lin.in, 1}, layers});  // input gradient
-    g.push_back({{lin.out, BT, lin.in, 1}, layers});  // weight gradient
+    const int64_t M = std::max<int64_t>(1, std::llround(static_cast<double>(BT) * lin.token_share));
+    g.push_back({{M, lin.in, lin.out, 1}, layers * forwards});
+    g.push_back({{M, lin.out, lin.in, 1}, layers});  // input gradient
+    g.push_back({{lin.out, M, lin.in, 1}, layers});  // weight gradient
   }
   const int64_t bh = l.micro_batch * s.local_heads;
   g.push_back({{T, D, T, bh}, layers * forwards});  // scores = q k^T

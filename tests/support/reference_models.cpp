@@ -78,8 +78,10 @@ std::string rope_type_of(const json& rope_scaling) {
 // ---------------------------------------------------------------------------
 
 // kNorm: a weight the norm multiplies by (1 + normal(0, 0.1) when random);
-// kGemmaNorm: Gemma's norm multiplies by (1 + weight), so normal(0, 0.1) when random.
-enum class Init { kMatrix, kNorm, kGemmaNorm, kBias };
+// kGemmaNorm: Gemma's norm multiplies by (1 + weight), so normal(0, 0.1) when random;
+// kGate: an MoE router or Qwen2-MoE's shared-expert gate, normal(0, 0.5) when random
+// so routing is clearly non-uniform and the gate varies between tokens.
+enum class Init { kMatrix, kNorm, kGemmaNorm, kBias, kGate };
 
 struct ParamSpec {
   std::string name;
@@ -301,12 +303,13 @@ torch::Tensor soft_cap(const torch::Tensor& x, double cap) { return torch::tanh(
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Llama / Mistral / Qwen2 / Qwen3 / Phi-3
+// Llama / Mistral / Qwen2 / Qwen3 / Phi-3, and the MoE models built on them
+// (Mixtral, Qwen2-MoE, Qwen3-MoE)
 // ---------------------------------------------------------------------------
 
 namespace {
 
-enum class LlamaVariant { kLlama, kMistral, kQwen2, kQwen3, kPhi3 };
+enum class LlamaVariant { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kMixtral, kQwen2Moe, kQwen3Moe };
 
 struct LlamaSpec {
   LlamaVariant variant = LlamaVariant::kLlama;
@@ -318,7 +321,72 @@ struct LlamaSpec {
   bool qk_norm = false;  // Qwen3: self_attn.q_norm / k_norm over each head
   bool fused = false;    // Phi-3: self_attn.qkv_proj and mlp.gate_up_proj
   std::vector<int64_t> window;  // per layer: keys at most window - 1 positions back (0: all earlier keys)
+  // Mixture of experts (Mixtral / Qwen2-MoE / Qwen3-MoE): per layer whether the MLP
+  // is a sparse block; experts of width expert_ffn, top_k of them per token.
+  std::vector<bool> sparse;
+  int64_t experts = 0, top_k = 0, expert_ffn = 0;
+  int64_t shared_ffn = 0;   // Qwen2-MoE's gated shared expert (0: none)
+  bool norm_topk = false;   // renormalise the top-k routing weights to sum 1
+  bool moe() const { return variant == LlamaVariant::kMixtral || variant == LlamaVariant::kQwen2Moe ||
+                            variant == LlamaVariant::kQwen3Moe; }
+  bool is_sparse(int64_t layer) const { return !sparse.empty() && sparse[layer]; }
 };
+
+// Where a sparse layer's parameters live: "model.layers.L.block_sparse_moe." for
+// Mixtral, "model.layers.L.mlp." for the Qwen MoE models.
+std::string moe_prefix(const LlamaSpec& s, int64_t layer) {
+  return "model.layers." + std::to_string(layer) +
+         (s.variant == LlamaVariant::kMixtral ? ".block_sparse_moe." : ".mlp.");
+}
+
+// An expert's gate, up and down projections: Mixtral's w1 / w3 / w2, Qwen's *_proj.
+struct ExpertNames {
+  std::string gate, up, down;
+};
+ExpertNames expert_names(const LlamaSpec& s) {
+  if (s.variant == LlamaVariant::kMixtral) return {"w1", "w3", "w2"};
+  return {"gate_proj", "up_proj", "down_proj"};
+}
+
+// The sparse blocks of MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock /
+// Qwen3MoeSparseMoeBlock, with the config classes' defaults.
+void parse_moe(const json& config, LlamaSpec& s) {
+  const bool mixtral = s.variant == LlamaVariant::kMixtral, qwen2_moe = s.variant == LlamaVariant::kQwen2Moe;
+  s.experts = mixtral ? get_or<int64_t>(config, "num_local_experts", 8)
+                      : get_or<int64_t>(config, "num_experts", qwen2_moe ? 60 : 128);
+  s.top_k = get_or<int64_t>(config, "num_experts_per_tok", mixtral ? 2 : qwen2_moe ? 4 : 8);
+  s.sparse.assign(s.layers, false);
+  if (mixtral) {
+    // MixtralSparseMoeBlock: every layer, experts as wide as intermediate_size,
+    // top-k weights always renormalised. Jitter noise multiplies the inputs by
+    // random factors while training, which the reference does not model.
+    if (get_or<double>(config, "router_jitter_noise", 0.0) != 0.0)
+      fail("router_jitter_noise != 0 is not supported");
+    if (s.experts <= 0) fail("num_local_experts must be positive");
+    s.expert_ffn = s.intermediate;
+    s.norm_topk = true;
+    s.sparse.assign(s.layers, true);
+  } else {
+    // Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: sparse unless listed in
+    // mlp_only_layers, when num_experts > 0 and (layer + 1) % decoder_sparse_step == 0;
+    // the other layers keep a dense MLP of width intermediate_size.
+    s.expert_ffn = get_or<int64_t>(config, "moe_intermediate_size", qwen2_moe ? 1408 : 768);
+    if (qwen2_moe) s.shared_ffn = get_or<int64_t>(config, "shared_expert_intermediate_size", 5632);
+    s.norm_topk = get_or<bool>(config, "norm_topk_prob", false);
+    const auto dense_only = get_or<std::vector<int64_t>>(config, "mlp_only_layers", {});
+    const int64_t step = get_or<int64_t>(config, "decoder_sparse_step", 1);
+    if (s.experts < 0) fail("num_experts must not be negative");
+    if (s.experts > 0 && step <= 0) fail("decoder_sparse_step must be positive");
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const bool listed = std::find(dense_only.begin(), dense_only.end(), l) != dense_only.end();
+      s.sparse[l] = !listed && s.experts > 0 && (l + 1) % step == 0;
+    }
+  }
+  if (std::find(s.sparse.begin(), s.sparse.end(), true) == s.sparse.end()) return;
+  if (s.top_k < 1 || s.top_k > s.experts) fail("num_experts_per_tok must be in [1, number of experts]");
+  if (s.expert_ffn <= 0) fail("expert intermediate size must be positive");
+  if (qwen2_moe && s.shared_ffn <= 0) fail("shared_expert_intermediate_size must be positive");
+}
 
 LlamaSpec parse_llama(const json& config) {
   LlamaSpec s;
@@ -334,37 +402,49 @@ LlamaSpec parse_llama(const json& config) {
     s.variant = LlamaVariant::kQwen3;
   } else if (arch == "Phi3ForCausalLM" || (arch.empty() && model_type == "phi3")) {
     s.variant = LlamaVariant::kPhi3;
+  } else if (arch == "MixtralForCausalLM" || (arch.empty() && model_type == "mixtral")) {
+    s.variant = LlamaVariant::kMixtral;
+  } else if (arch == "Qwen2MoeForCausalLM" || (arch.empty() && model_type == "qwen2_moe")) {
+    s.variant = LlamaVariant::kQwen2Moe;
+  } else if (arch == "Qwen3MoeForCausalLM" || (arch.empty() && model_type == "qwen3_moe")) {
+    s.variant = LlamaVariant::kQwen3Moe;
   } else {
     fail("llama path does not handle architecture '" + arch + "' / model_type '" + model_type + "'");
   }
   const bool qwen3 = s.variant == LlamaVariant::kQwen3, phi3 = s.variant == LlamaVariant::kPhi3;
+  const bool mixtral = s.variant == LlamaVariant::kMixtral, qwen2_moe = s.variant == LlamaVariant::kQwen2Moe,
+             qwen3_moe = s.variant == LlamaVariant::kQwen3Moe;
   reject_unmodelled_common(config);
   s.vocab = require<int64_t>(config, "vocab_size");
   s.hidden = require<int64_t>(config, "hidden_size");
   s.intermediate = require<int64_t>(config, "intermediate_size");
   s.layers = require<int64_t>(config, "num_hidden_layers");
   s.heads = require<int64_t>(config, "num_attention_heads");
-  // Qwen3Config: num_key_value_heads defaults to 32 (None: num_attention_heads).
-  s.kv_heads = qwen3 && !config.contains("num_key_value_heads")
-                   ? 32
-                   : get_or<int64_t>(config, "num_key_value_heads", s.heads);
+  // Absent num_key_value_heads takes the config class's default (Qwen3Config 32,
+  // MixtralConfig 8, Qwen2MoeConfig 16, Qwen3MoeConfig 4); None means num_attention_heads.
+  const int64_t kv_default = qwen3 ? 32 : mixtral ? 8 : qwen2_moe ? 16 : qwen3_moe ? 4 : s.heads;
+  s.kv_heads = !config.contains("num_key_value_heads") ? kv_default
+                                                       : get_or<int64_t>(config, "num_key_value_heads", s.heads);
   if (s.heads <= 0 || s.kv_heads <= 0 || s.heads % s.kv_heads != 0) {
     fail("num_attention_heads must be a positive multiple of num_key_value_heads");
   }
   if (qwen3) {
     s.head_dim = get_or<int64_t>(config, "head_dim", 128);  // Qwen3Config default
-  } else {
+  } else {  // Qwen3MoeConfig has no head_dim default: hidden_size / heads
     if (!has(config, "head_dim") && s.hidden % s.heads != 0) fail("hidden_size not divisible by heads");
     s.head_dim = get_or<int64_t>(config, "head_dim", s.hidden / s.heads);
   }
+  // Qwen2-MoE's attention read head_dim in some 4.5x releases and not in others.
+  if (qwen2_moe && s.head_dim * s.heads != s.hidden) fail("Qwen2-MoE: head_dim must be hidden_size / heads");
   if (s.head_dim <= 0 || s.head_dim % 2 != 0) fail("head_dim must be positive and even for rotary");
-  s.eps = get_or<double>(config, "rms_norm_eps", phi3 ? 1e-5 : 1e-6);
-  s.theta = get_or<double>(config, "rope_theta", 10000.0);
+  s.eps = get_or<double>(config, "rms_norm_eps", phi3 || mixtral ? 1e-5 : 1e-6);
+  s.theta = get_or<double>(config, "rope_theta", mixtral ? 1e6 : 10000.0);
   s.tie = get_or<bool>(config, "tie_word_embeddings", false);
 
   const std::string act = get_or<std::string>(config, "hidden_act", "silu");
   if (act != "silu") fail("hidden_act '" + act + "' is not supported (only silu)");
-  s.max_positions = get_or<int64_t>(config, "max_position_embeddings", phi3 ? 4096 : qwen3 ? 32768 : 2048);
+  s.max_positions = get_or<int64_t>(config, "max_position_embeddings",
+                                    phi3 ? 4096 : qwen3 || qwen2_moe || qwen3_moe ? 32768 : mixtral ? 131072 : 2048);
   if (has(config, "rope_scaling")) {
     s.rope_scaling = config.at("rope_scaling");
     std::string type = rope_type_of(s.rope_scaling);
@@ -387,18 +467,22 @@ LlamaSpec parse_llama(const json& config) {
           get_or<int64_t>(config, "original_max_position_embeddings", 4096);
   }
 
-  if (s.variant == LlamaVariant::kQwen2) {
-    // Qwen2Attention: q/k/v always biased, o_proj never; Qwen2MLP has no biases.
+  if (s.variant == LlamaVariant::kQwen2 || qwen2_moe) {
+    // Qwen2Attention / Qwen2MoeAttention: q/k/v always biased, o_proj never; no MLP biases.
+    // (transformers 5 adds Qwen2MoeConfig.qkv_bias; false is not 4.5x.)
+    if (qwen2_moe && !get_or<bool>(config, "qkv_bias", true)) fail("Qwen2-MoE: qkv_bias false is not supported");
     s.qkv_bias = true;
     s.o_bias = false;
     s.mlp_bias = false;
-  } else if (qwen3) {
+  } else if (qwen3 || qwen3_moe) {
     // Qwen3Attention: all four projections biased iff attention_bias; Qwen3MLP has none.
     s.qkv_bias = s.o_bias = get_or<bool>(config, "attention_bias", false);
     s.mlp_bias = false;
     s.qk_norm = true;
   } else if (phi3) {
     s.fused = true;  // Phi3 has no biases at all
+  } else if (mixtral) {
+    // MixtralAttention and the experts have no biases; attention_bias is not read.
   } else {
     s.qkv_bias = s.o_bias = get_or<bool>(config, "attention_bias", false);
     s.mlp_bias = get_or<bool>(config, "mlp_bias", false);
@@ -407,12 +491,18 @@ LlamaSpec parse_llama(const json& config) {
   // 4096. Qwen2Config / Qwen3Config: only with use_sliding_window, on the layers
   // layer_types marks, by default those from max_window_layers on. Phi3Config:
   // every layer when sliding_window is set (default None). Null is no window.
+  // MixtralConfig: like Phi-3, every layer when sliding_window is set (default None).
+  // Qwen2-MoE / Qwen3-MoE with use_sliding_window: refused, since which layers
+  // slide differs between transformers releases (one mask for every layer,
+  // max_window_layers, layer_types).
   s.window.assign(s.layers, 0);
   const bool qwen = s.variant == LlamaVariant::kQwen2 || qwen3;
   const bool null_window = config.contains("sliding_window") && config.at("sliding_window").is_null();
+  if ((qwen2_moe || qwen3_moe) && !null_window && get_or<bool>(config, "use_sliding_window", false))
+    fail("use_sliding_window is not supported for Qwen2-MoE / Qwen3-MoE");
   const bool windowed = !null_window && (s.variant == LlamaVariant::kMistral ||
                                          (qwen && get_or<bool>(config, "use_sliding_window", false)) ||
-                                         (phi3 && has(config, "sliding_window")));
+                                         ((phi3 || mixtral) && has(config, "sliding_window")));
   if (windowed) {
     const int64_t window = get_or<int64_t>(config, "sliding_window", 4096);
     if (window <= 0) fail("sliding_window must be positive");
@@ -426,6 +516,7 @@ LlamaSpec parse_llama(const json& config) {
       if (sliding) s.window[l] = window;
     }
   }
+  if (s.moe()) parse_moe(config, s);
   return s;
 }
 
@@ -455,6 +546,24 @@ std::vector<ParamSpec> llama_params(const LlamaSpec& s) {
       p.push_back({pre + "self_attn.k_norm.weight", {s.head_dim}, Init::kNorm});
     }
     p.push_back({pre + "post_attention_layernorm.weight", {s.hidden}, Init::kNorm});
+    if (s.is_sparse(l)) {
+      const std::string moe = moe_prefix(s, l);
+      const ExpertNames names = expert_names(s);
+      p.push_back({moe + "gate.weight", {s.experts, s.hidden}, Init::kGate});
+      for (int64_t e = 0; e < s.experts; ++e) {
+        const std::string expert = moe + "experts." + std::to_string(e) + ".";
+        p.push_back({expert + names.gate + ".weight", {s.expert_ffn, s.hidden}, Init::kMatrix});
+        p.push_back({expert + names.up + ".weight", {s.expert_ffn, s.hidden}, Init::kMatrix});
+        p.push_back({expert + names.down + ".weight", {s.hidden, s.expert_ffn}, Init::kMatrix});
+      }
+      if (s.shared_ffn > 0) {
+        p.push_back({moe + "shared_expert.gate_proj.weight", {s.shared_ffn, s.hidden}, Init::kMatrix});
+        p.push_back({moe + "shared_expert.up_proj.weight", {s.shared_ffn, s.hidden}, Init::kMatrix});
+        p.push_back({moe + "shared_expert.down_proj.weight", {s.hidden, s.shared_ffn}, Init::kMatrix});
+        p.push_back({moe + "shared_expert_gate.weight", {1, s.hidden}, Init::kGate});
+      }
+      continue;
+    }
     if (s.fused) {
       p.push_back({pre + "mlp.gate_up_proj.weight", {2 * s.intermediate, s.hidden}, Init::kMatrix});
     } else {
@@ -473,13 +582,52 @@ std::vector<ParamSpec> llama_params(const LlamaSpec& s) {
   return p;
 }
 
-}  // namespace
+// MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock on the
+// normed hidden states x [B, T, hidden]: route each token to its top-k experts,
+// sum their outputs weighted by the (renormalised when norm_topk) softmax
+// probabilities; Qwen2-MoE adds its shared expert through a sigmoid gate. Appends
+// the router logits [B*T, E] to router_logits when given.
+torch::Tensor moe_block(const LlamaSpec& s, const std::map<std::string, torch::Tensor>& weights, int64_t layer,
+                        const torch::Tensor& x, std::vector<torch::Tensor>* router_logits) {
+  const std::string pre = moe_prefix(s, layer);
+  const ExpertNames names = expert_names(s);
+  auto w = [&](const std::string& name) -> const torch::Tensor& { return weights.at(pre + name); };
+  auto mlp = [&](const torch::Tensor& in, const std::string& prefix, const std::string& gate, const std::string& up,
+                 const std::string& down) {
+    torch::Tensor g = linear(in, w(prefix + gate + ".weight"), torch::Tensor());
+    torch::Tensor u = linear(in, w(prefix + up + ".weight"), torch::Tensor());
+    return linear(torch::silu(g) * u, w(prefix + down + ".weight"), torch::Tensor());
+  };
+  const torch::Tensor flat = x.reshape({-1, s.hidden});                          // [N, hidden]
+  const torch::Tensor logits = linear(flat, w("gate.weight"), torch::Tensor());  // [N, E], model dtype
+  if (router_logits) router_logits->push_back(logits);
+  // Probabilities in fp32, top-k, optionally renormalised, then cast to the model dtype.
+  torch::Tensor probs = torch::softmax(logits, /*dim=*/1, torch::kFloat);
+  auto [top_weights, chosen] = torch::topk(probs, s.top_k, /*dim=*/-1);  // [N, k] each
+  if (s.norm_topk) top_weights = top_weights / top_weights.sum(-1, /*keepdim=*/true);
+  top_weights = top_weights.to(x.scalar_type());
 
-torch::Tensor reference_llama_logits(const nlohmann::json& config,
-                                     const std::map<std::string, torch::Tensor>& weights,
-                                     const torch::Tensor& input_ids) {
-  torch::NoGradGuard no_grad;
-  const LlamaSpec s = parse_llama(config);
+  torch::Tensor out = torch::zeros_like(flat);
+  for (int64_t e = 0; e < s.experts; ++e) {  // in expert order, as HF adds them
+    const torch::Tensor hits = (chosen == e).nonzero();  // [M, 2]: (token, slot) pairs routed to e
+    if (hits.size(0) == 0) continue;
+    const torch::Tensor tokens = hits.select(1, 0), slots = hits.select(1, 1);
+    const std::string expert = "experts." + std::to_string(e) + ".";
+    torch::Tensor y = mlp(flat.index_select(0, tokens), expert, names.gate, names.up, names.down);
+    y = y * top_weights.index({tokens, slots}).unsqueeze(-1);
+    out = out.index_add(0, tokens, y);
+  }
+  if (s.shared_ffn > 0) {  // Qwen2-MoE: sigmoid(shared_expert_gate(x)) * shared_expert(x)
+    const torch::Tensor gate = torch::sigmoid(linear(flat, w("shared_expert_gate.weight"), torch::Tensor()));
+    out = out + gate * mlp(flat, "shared_expert.", "gate_proj", "up_proj", "down_proj");
+  }
+  return out.view(x.sizes());
+}
+
+// The llama-path forward without a grad guard (differentiable in the weights);
+// collects the sparse layers' router logits, in layer order, when router_logits is given.
+torch::Tensor llama_forward(const LlamaSpec& s, const std::map<std::string, torch::Tensor>& weights,
+                            const torch::Tensor& input_ids, std::vector<torch::Tensor>* router_logits) {
   check_input_ids(input_ids, s.vocab);
   const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
   const torch::ScalarType dtype = validate_weights(weights, llama_params(s), s.tie ? "model.embed_tokens.weight" : "");
@@ -529,9 +677,13 @@ torch::Tensor reference_llama_logits(const nlohmann::json& config,
     attn = linear(attn, w(pre + "self_attn.o_proj.weight"), maybe(s.o_bias, pre + "self_attn.o_proj.bias"));
     h = residual + attn;
 
-    // MLP block: down(silu(gate(x)) * up(x)).
+    // MLP block: down(silu(gate(x)) * up(x)), or the sparse block.
     residual = h;
     x = rms_norm(h, w(pre + "post_attention_layernorm.weight"), s.eps);
+    if (s.is_sparse(l)) {
+      h = residual + moe_block(s, weights, l, x, router_logits);
+      continue;
+    }
     torch::Tensor gate, up;
     if (s.fused) {  // Phi3MLP: gate_up_proj rows are gate | up
       torch::Tensor gate_up = linear(x, w(pre + "mlp.gate_up_proj.weight"), torch::Tensor());
@@ -548,6 +700,47 @@ torch::Tensor reference_llama_logits(const nlohmann::json& config,
   h = rms_norm(h, w("model.norm.weight"), s.eps);
   const torch::Tensor& head = s.tie ? w("model.embed_tokens.weight") : w("lm_head.weight");
   return torch::matmul(h, head.t()).to(torch::kFloat);
+}
+
+}  // namespace
+
+torch::Tensor reference_llama_logits(const nlohmann::json& config,
+                                     const std::map<std::string, torch::Tensor>& weights,
+                                     const torch::Tensor& input_ids) {
+  torch::NoGradGuard no_grad;
+  return llama_forward(parse_llama(config), weights, input_ids, nullptr);
+}
+
+torch::Tensor reference_load_balancing_loss(const std::vector<torch::Tensor>& router_logits, int64_t num_experts,
+                                            int64_t top_k) {
+  // HF returns 0 when there are no router logits (no sparse layer).
+  if (router_logits.empty()) return torch::zeros({}, torch::kFloat);
+  if (num_experts <= 0 || top_k < 1 || top_k > num_experts)
+    fail("load_balancing_loss: need num_experts > 0 and top_k in [1, num_experts]");
+  for (const auto& t : router_logits) {
+    if (!t.defined() || t.dim() != 2 || t.size(1) != num_experts)
+      fail("load_balancing_loss: router logits must be [tokens, num_experts]");
+  }
+  const torch::Tensor logits = torch::cat(router_logits, 0);  // [L*N, E]
+  const torch::Tensor probs = torch::softmax(logits, -1);     // in the logits' dtype, as HF
+  const torch::Tensor selected = std::get<1>(torch::topk(probs, top_k, -1));
+  const torch::Tensor expert_mask = torch::one_hot(selected, num_experts).to(torch::kFloat);  // [L*N, k, E]
+  const torch::Tensor tokens_per_expert = expert_mask.mean(0);                              // [k, E]
+  const torch::Tensor prob_per_expert = probs.mean(0);                                      // [E]
+  return ((tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(num_experts))
+      .to(torch::kFloat);
+}
+
+ReferenceMoeOutput reference_moe_forward(const nlohmann::json& config,
+                                         const std::map<std::string, torch::Tensor>& weights,
+                                         const torch::Tensor& input_ids) {
+  const LlamaSpec s = parse_llama(config);
+  if (!s.moe()) fail("reference_moe_forward needs a Mixtral / Qwen2-MoE / Qwen3-MoE config");
+  std::vector<torch::Tensor> router_logits;
+  ReferenceMoeOutput out;
+  out.logits = llama_forward(s, weights, input_ids, &router_logits);
+  out.aux_loss = reference_load_balancing_loss(router_logits, s.experts, s.top_k);
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -885,7 +1078,8 @@ enum class Family { kLlama, kGemma, kGpt2 };
 Family family_of(const json& config) {
   const std::string arch = architecture(config);
   if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
-      arch == "Qwen3ForCausalLM" || arch == "Phi3ForCausalLM") {
+      arch == "Qwen3ForCausalLM" || arch == "Phi3ForCausalLM" || arch == "MixtralForCausalLM" ||
+      arch == "Qwen2MoeForCausalLM" || arch == "Qwen3MoeForCausalLM") {
     return Family::kLlama;
   }
   if (arch == "Gemma2ForCausalLM" || arch == "Gemma3ForCausalLM") return Family::kGemma;
@@ -949,6 +1143,9 @@ std::map<std::string, torch::Tensor> reference_random_weights(const nlohmann::js
         break;
       case Init::kGemmaNorm:  // Gemma's norm adds the 1 itself
         out[spec.name] = noise * 0.1;
+        break;
+      case Init::kGate:
+        out[spec.name] = noise * 0.5;
         break;
     }
   }

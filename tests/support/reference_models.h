@@ -16,6 +16,24 @@
 //     final logit soft-capping (cap * tanh(x / cap)), sliding / full layers from
 //     layer_types; Gemma 3 adds q_norm / k_norm and RoPE base rope_local_base_freq
 //     on sliding layers (rope_theta and rope_scaling on full layers).
+//   - Mixtral / Qwen2-MoE / Qwen3-MoE (modeling_mixtral.py / modeling_qwen2_moe.py /
+//     modeling_qwen3_moe.py, transformers 4.5x): the attention of Mistral (sliding_window
+//     on every layer when set, default none), Qwen2 (q/k/v biased) and Qwen3 (q/k norms,
+//     attention_bias, head_dim default hidden / heads); use_sliding_window is refused
+//     for the Qwen MoE models. A sparse MLP block on the normed hidden states h [N, hidden]:
+//     router logits h @ gate^T [N, E]; softmax in fp32; top-k; renormalised to sum 1
+//     (Mixtral always, Qwen only with norm_topk_prob, default false); cast to the
+//     model dtype; each token's output sum_k weight_k * down(silu(gate(h)) * up(h)) of
+//     its chosen experts; Qwen2-MoE adds sigmoid(h @ shared_expert_gate^T) *
+//     shared_expert(h). Mixtral: every layer sparse, experts
+//     "model.layers.L.block_sparse_moe.experts.e.w1 / w3 / w2" (gate / up / down) of
+//     width intermediate_size, router "...block_sparse_moe.gate"; router_jitter_noise
+//     != 0 is refused. Qwen: "model.layers.L.mlp.gate", "mlp.experts.e.gate_proj /
+//     up_proj / down_proj" of width moe_intermediate_size, Qwen2-MoE also
+//     "mlp.shared_expert.*" (shared_expert_intermediate_size) and
+//     "mlp.shared_expert_gate" [1, hidden]; layer L sparse when not in mlp_only_layers,
+//     num_experts > 0 and (L + 1) % decoder_sparse_step == 0, else a dense "mlp.*_proj"
+//     of width intermediate_size.
 // Sliding windows follow HF's masks: a query at q sees keys k with q - window < k <= q.
 // Anything the reference does not model (partial rotary, non-default activations,
 // transformers v5 "rope_parameters", ...) throws std::runtime_error instead of
@@ -60,7 +78,8 @@ RopeReference reference_rope(const nlohmann::json& rope_scaling, double theta, i
 // Returns float32 logits [batch, seq, vocab], computed in the weights' dtype
 // (norms and the attention softmax in fp32, as HF does).
 // llama path: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM, Phi3ForCausalLM.
+// Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,
+// Qwen3MoeForCausalLM.
 torch::Tensor reference_llama_logits(const nlohmann::json& config,
                                      const std::map<std::string, torch::Tensor>& weights,
                                      const torch::Tensor& input_ids);
@@ -78,13 +97,34 @@ torch::Tensor reference_logits(const nlohmann::json& config,
                                const std::map<std::string, torch::Tensor>& weights,
                                const torch::Tensor& input_ids);
 
+// The logits of an MoE model and HF's load-balancing loss over its sparse layers'
+// router logits (layer order). Unlike the functions above it records autograd:
+// weights with requires_grad get gradients from logits and from aux_loss.
+struct ReferenceMoeOutput {
+  torch::Tensor logits;    // float32 [batch, seq, vocab]
+  torch::Tensor aux_loss;  // float32 scalar; 0 when no layer is sparse
+};
+// MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM only.
+ReferenceMoeOutput reference_moe_forward(const nlohmann::json& config,
+                                         const std::map<std::string, torch::Tensor>& weights,
+                                         const torch::Tensor& input_ids);
+
+// HF's load_balancing_loss_func without an attention mask: router logits of all
+// layers concatenated [L*N, E]; probs = softmax (in their dtype); f = mean over
+// tokens of one_hot(topk(probs, top_k) indices) [top_k, E]; P = mean over tokens of
+// probs [E]; loss = E * sum(f * P). Float32 scalar, 0 for an empty list.
+torch::Tensor reference_load_balancing_loss(const std::vector<torch::Tensor>& router_logits, int64_t num_experts,
+                                            int64_t top_k);
+
 // Mean token cross-entropy (fp32 scalar) predicting input_ids[:, 1:] from logits[:, :-1].
 torch::Tensor reference_next_token_loss(const torch::Tensor& logits, const torch::Tensor& input_ids);
 
 // Random fp32 weights with HF names and shapes for a config, deterministic in seed:
 // matrices and embeddings normal(0, 0.02); norm weights 1 + normal(0, 0.1) so they
 // matter (Qwen3's q_norm / k_norm included), except Gemma's norms, normal(0, 0.1),
-// since Gemma's RMSNorm multiplies by (1 + weight) itself; biases normal(0, 0.02).
+// since Gemma's RMSNorm multiplies by (1 + weight) itself; biases normal(0, 0.02);
+// MoE routers ("...gate.weight") and Qwen2-MoE's shared_expert_gate normal(0, 0.5), so
+// routing is clearly non-uniform and the shared-expert gate varies between tokens.
 // "lm_head.weight" is absent when tied.
 std::map<std::string, torch::Tensor> reference_random_weights(const nlohmann::json& config,
                                                               uint64_t seed);

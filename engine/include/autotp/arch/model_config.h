@@ -46,6 +46,20 @@ struct ModelConfig {
   double attention_dropout = 0;   // the attention probabilities: attention_dropout; GPT-2 attn_pdrop
   double residual_dropout = 0;    // each block's output before its residual add: GPT-2 and Phi-3 resid_pdrop
   double embedding_dropout = 0;   // the input embeddings: GPT-2 embd_pdrop
+  // Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): a sparse block replaces the
+  // MLP on the layers sparse_layers marks. A router (`<moe_block>.gate`, [experts,
+  // hidden]) picks experts_per_token experts per token by softmax in fp32; each
+  // expert is a gated MLP of expert_intermediate_size.
+  int64_t num_experts = 0;                  // 0: a dense model
+  int64_t experts_per_token = 0;            // num_experts_per_tok (top-k)
+  int64_t expert_intermediate_size = 0;     // Mixtral: intermediate_size; Qwen: moe_intermediate_size
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE's always-on shared expert (0: none)
+  bool norm_topk_prob = false;              // renormalise the top-k weights to sum 1 (Mixtral always)
+  bool output_router_logits = false;        // add the load-balancing loss in training
+  double router_aux_loss_coef = 0;          // its weight
+  std::vector<bool> sparse_layers;          // per layer: the sparse block instead of the dense MLP
+  std::string moe_block = "mlp";            // the block's module: "block_sparse_moe" (Mixtral) or "mlp"
+  std::vector<std::string> expert_projections = {"gate_proj", "up_proj", "down_proj"};  // Mixtral: w1, w3, w2
   // Sliding-window attention per decoder layer (0: full causal attention): Mistral's
   // sliding_window on every layer; Qwen2's and Qwen3's with use_sliding_window, on
   // the layers from max_window_layers on, or as `layer_types` says.
@@ -59,6 +73,18 @@ struct ModelConfig {
 
   int64_t sliding_window_of(int64_t layer) const {
     return layer < static_cast<int64_t>(layer_sliding_window.size()) ? layer_sliding_window[layer] : 0;
+  }
+  bool is_sparse(int64_t layer) const {
+    return layer < static_cast<int64_t>(sparse_layers.size()) && sparse_layers[layer];
+  }
+  // The sparse block of a layer ("model.layers.3.block_sparse_moe"); expert e's
+  // projection `which` (0 gate, 1 up, 2 down) module in it.
+  std::string moe_module(int64_t layer) const;
+  std::string expert_module(int64_t layer, int64_t expert, int which) const;
+  // Whether training adds the load-balancing loss (output_router_logits and a
+  // non-zero router_aux_loss_coef on a model with experts).
+  bool router_aux_loss_enabled() const {
+    return num_experts > 0 && output_router_logits && router_aux_loss_coef != 0;
   }
   int64_t kv_group_size() const { return num_heads / num_kv_heads; }  // query heads per kv head
   // Prefix of the base model in HF parameter names: "model." or "transformer.".

@@ -31,6 +31,10 @@ enum class Axis {
   kVocab,
   kPositions,
   kHeadDim,       // one head's features (Qwen3's per-head q/k norms)
+  kExperts,       // one router logit per expert (mixture of experts)
+  kExpertIntermediate,        // one expert's MLP features
+  kSharedExpertIntermediate,  // Qwen2-MoE's shared expert's MLP features
+  kSharedExpertGate,          // Qwen2-MoE's one-logit gate of the shared expert
 };
 
 const char* axis_name(Axis axis);

@@ -93,6 +93,13 @@ class CausalLM {
   // backward: recomputed layers draw their masks again from it.
   void set_dropout(std::optional<DropoutContext> context) { dropout_ = context; }
 
+  // Mixture of experts: HF's load-balancing loss (load_balancing_loss_func, no
+  // padding mask) of the last forward's routing, over all its sparse layers; 0 for
+  // a dense model. The backward that follows also back-propagates
+  // `gradient_weight` times it (the caller's d(objective)/d(aux), e.g.
+  // router_aux_loss_coef / micro-batches); call between the forward and its backward.
+  double router_aux_loss(double gradient_weight);
+
   // The parameter uses the model announces: the embeddings (kEmbeddingUse), each
   // decoder layer (its index) and the head (final norm + LM head, num_layers()).
   static constexpr int64_t kEmbeddingUse = -1;
@@ -129,6 +136,8 @@ class CausalLM {
   // The norm `module` (its ".weight") applied to x: RMSNorm, or Gemma's (1 + w) form.
   torch::Tensor norm(const std::string& module, const torch::Tensor& x);
   torch::Tensor mlp_activation(const torch::Tensor& gate);
+  // Layer `layer`'s sparse block on its normed input h [B, T, hidden].
+  torch::Tensor moe_block(int64_t layer, const torch::Tensor& h);
   // x [B, ...] times its dropout mask at `site` of `layer` when training with p > 0;
   // `dims` are the global ranges of x's dims after the batch (empty: x is whole).
   torch::Tensor dropout(const torch::Tensor& x, int64_t layer, DropoutSite site, double p,
@@ -155,6 +164,9 @@ class CausalLM {
   std::vector<bool> checkpoint_layers_;
   bool selective_recompute_ = false;
   std::optional<DropoutContext> dropout_;
+  // The routing of the current forward (per sparse layer) and the gradient the
+  // load-balancing loss adds to its router probabilities.
+  std::shared_ptr<struct RouterAuxState> router_aux_;
   UseHooks hooks_;
   // Closures the current forward's backward calls (recomputed layers and
   // attention cores, backward hooks), alive until the next forward.

@@ -23,7 +23,9 @@ namespace autotp {
 
 struct StepMetrics {
   int64_t step = 0;            // 1-based optimizer step
-  double loss = 0;             // mean token cross-entropy over the global batch, before the update
+  double loss = 0;             // mean token cross-entropy over the global batch, before the update,
+                               // plus router_aux_loss_coef * router_aux_loss where that loss is on
+  double router_aux_loss = 0;  // mixture of experts: the load-balancing loss, mean over the step's micro-batches
   double grad_norm = 0;
   double lr = 0;
   double loss_scale = 1;
@@ -89,7 +91,8 @@ class Trainer {
   // {target tokens of the whole global batch, 0} in float64: this rank's micro-batches summed over dp.
   torch::Tensor global_target_tokens(const std::vector<Batch>& micro_batches);
   // Forward and backward of every micro-batch; returns this rank's summed token losses.
-  double forward_backward(const std::vector<Batch>& micro_batches, double total_tokens);
+  // Returns this rank's sum of token losses and of its micro-batches' load-balancing losses.
+  std::pair<double, double> forward_backward(const std::vector<Batch>& micro_batches, double total_tokens);
   // The memory fields of `m` after the step; `at_start`: bytes allocated when it began.
   void record_memory(StepMetrics& m, const torch::Device& device, int64_t at_start) const;
   // Host seconds blocked in collectives so far (tp, dp, world), and the seconds

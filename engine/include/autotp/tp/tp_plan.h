@@ -24,7 +24,10 @@ TpRole parse_tp_role(const std::string& name, const std::string& where);  // Use
 struct LayerSpec {
   std::vector<std::string> patterns;  // ECMAScript regexes matched against the full parameter name
   TpRole role = TpRole::kReplicated;
-  std::vector<int64_t> shape;         // optional sub-parameter sizes along the split dim (fused weights)
+  // Optional sub-parameters of a fused weight along the split dim: their sizes, or
+  // (DeepSpeed's form, e.g. [2, -1]) equal_parts equal ones.
+  std::vector<int64_t> shape;
+  int64_t equal_parts = 0;
 };
 
 // Which rule source decides when no user pattern matches.

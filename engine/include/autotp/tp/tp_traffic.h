@@ -24,7 +24,8 @@ struct TpCollective {
 struct TpStepShape {
   // The plan's part (tp_step_shape):
   int tp_size = 1;
-  std::vector<int64_t> row_linears;   // per decoder layer: its row-parallel linears (one per block)
+  std::vector<int64_t> row_linears;   // per decoder layer: its row-parallel reductions (one per block; a sparse
+                                      // block reduces its experts once)
   bool embedding_split = false;       // a vocab-parallel token embedding
   bool head_split = false;            // a vocab-parallel LM head (the embedding when tied)
   std::vector<int64_t> shared_numel;  // whole elements of each split tensor whose slices several tp ranks hold
