@@ -137,7 +137,11 @@ class RecomputedAttention : public torch::autograd::Function<RecomputedAttention
 struct RouterAuxState {
   std::map<int64_t, torch::Tensor> selections, prob_sums;  // per sparse layer: [E] counts, [E] sums (fp64)
   int64_t tokens = 0;                                       // per layer
-  torch::Tensor grad_per_prob;                              // [E] fp32, undefined until computed
+  // [E] fp32, zero until router_aux_loss fills it in place; each RouterAuxGradient
+  // node holds a reference, so a backward after the next forward stays safe.
+  torch::Tensor grad_per_prob;
+
+  explicit RouterAuxState(int64_t experts) : grad_per_prob(torch::zeros({experts}, torch::kFloat32)) {}
 
   void record(int64_t layer, const torch::Tensor& selected, const torch::Tensor& probs, int64_t experts) {
     torch::NoGradGuard no_grad;
@@ -158,17 +162,16 @@ namespace {
 class RouterAuxGradient : public torch::autograd::Function<RouterAuxGradient> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& probs,
-                               RouterAuxState* state, double divisor) {
-    ctx->saved_data["state"] = reinterpret_cast<int64_t>(state);
+                               const torch::Tensor& grad_per_prob, double divisor) {
+    ctx->saved_data["grad_per_prob"] = grad_per_prob;
     ctx->saved_data["divisor"] = divisor;
     return probs;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto* state = reinterpret_cast<RouterAuxState*>(ctx->saved_data["state"].toInt());
-    torch::Tensor grad = grad_outputs[0];
-    if (state->grad_per_prob.defined())
-      grad = grad + (state->grad_per_prob / ctx->saved_data["divisor"].toDouble()).to(grad.device());
+    const torch::Tensor grad_per_prob = ctx->saved_data["grad_per_prob"].toTensor();
+    const torch::Tensor grad =
+        grad_outputs[0] + (grad_per_prob / ctx->saved_data["divisor"].toDouble()).to(grad_outputs[0].device());
     return {grad, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -461,7 +464,7 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   const Parameter* router = find(block + "gate.weight");
   torch::Tensor probs = torch::softmax(F::linear(x, router->tensor), -1, torch::kFloat32);  // HF: fp32
   if (router_aux_ && config_.router_aux_loss_enabled() && torch::GradMode::is_enabled() && probs.requires_grad())
-    probs = RouterAuxGradient::apply(probs, router_aux_.get(), router->entry->partial_grad ? tp_.size() : 1);
+    probs = RouterAuxGradient::apply(probs, router_aux_->grad_per_prob, router->entry->partial_grad ? tp_.size() : 1);
   auto [weights, selected] = probs.topk(config_.experts_per_token, -1);
   if (router_aux_) router_aux_->record(layer, selected, probs, config_.num_experts);
   if (config_.norm_topk_prob) weights = weights / weights.sum(-1, true);
@@ -498,7 +501,7 @@ double CausalLM::router_aux_loss(double gradient_weight) {
   for (const auto& [layer, p] : r.prob_sums) sums += p;
   const double experts = static_cast<double>(config_.num_experts);
   const double loss = experts * (counts / rows * (sums / rows)).sum().item<double>();
-  router_aux_->grad_per_prob = (counts * (gradient_weight * experts / (rows * rows))).to(torch::kFloat32);
+  router_aux_->grad_per_prob.copy_(counts * (gradient_weight * experts / (rows * rows)));
   return loss;
 }
 
@@ -567,7 +570,7 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   backward_state_.clear();  // the previous forward's backward is done
   router_aux_.reset();
   if (config_.num_experts > 0) {
-    router_aux_ = std::make_shared<RouterAuxState>();
+    router_aux_ = std::make_shared<RouterAuxState>(config_.num_experts);
     backward_state_.push_back(router_aux_);  // recomputed layers still record into it
   }
   auto checkpointed = [this](int64_t l) {

@@ -15,8 +15,8 @@ const std::vector<std::string> kKeys = {"autotp_size",        "tp_overlap_comm",
                                         "partition_config",   "preset_model",    "keep_module_on_host",
                                         "replace_with_kernel_inject", "kernel_inject"};
 // DeepSpeed's AutoTP presets whose architectures autotp shards by its own rules.
-const std::vector<std::string> kPresetsKnown = {"llama", "qwen2"};
-const std::vector<std::string> kPresetsUnknown = {"bloom", "chatglm", "mixtral", "deepseek_v2", "phi3"};
+const std::vector<std::string> kPresetsKnown = {"llama", "qwen2", "mixtral", "phi3"};
+const std::vector<std::string> kPresetsUnknown = {"bloom", "chatglm", "deepseek_v2"};
 
 void read_inner_tp(const JsonSection& s, int autotp_size) {
   const char* key = s.has("tp") ? "tp" : "tensor_parallel";

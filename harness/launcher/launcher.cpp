@@ -153,8 +153,8 @@ class LocalLaunch {
 
   LaunchResult run() {
     SignalForwarding signals;
+    open_master_socket();  // first: the destructor closes it if make_error_dir throws
     make_error_dir();
-    open_master_socket();
     const auto environments = rank_environments();
     try {
       for (int r = 0; r < options_.nproc; ++r) {
@@ -183,6 +183,19 @@ class LocalLaunch {
   void open_master_socket() {
     if (options_.nproc < 2 || options_.env.count("MASTER_PORT")) return;
     master_socket_ = listening_socket(&master_port_);
+    // Above stdio, so the spawn's dup2 onto 0-2 cannot replace it (a launcher started
+    // with a closed stdin gets fd 0 from socket()).
+    if (master_socket_ <= STDERR_FILENO) {
+      const int moved = fcntl(master_socket_, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+      const int saved_errno = errno;
+      close(master_socket_);
+      master_socket_ = -1;
+      if (moved < 0) {
+        errno = saved_errno;
+        throw errno_error("launcher: fcntl F_DUPFD_CLOEXEC");
+      }
+      master_socket_ = moved;
+    }
   }
   void close_master_socket() {
     if (master_socket_ >= 0) close(master_socket_);
@@ -208,6 +221,7 @@ class LocalLaunch {
       const char* equals = std::strchr(*entry, '=');
       if (equals != nullptr) base[std::string(*entry, static_cast<size_t>(equals - *entry))] = equals + 1;
     }
+    base.erase(kMasterListenFdVariable);  // a launcher started by a rank 0 must not pass its fd on
     const int threads = options_.threads_per_rank > 0 ? options_.threads_per_rank
                                                       : std::max(1, available_cores() / options_.nproc);
     base["MASTER_ADDR"] = "127.0.0.1";
