@@ -1,0 +1,46 @@
+// An HF tokenizer read from a model directory's tokenizer.json (the `tokenizers`
+// library's format), encoding text to the same ids: added and special tokens
+// matched first, then per remaining piece the normalizer, the pre-tokenizer and
+// the model, then the post-processor's special tokens. What is implemented:
+//   normalizers    Sequence, Prepend, Replace, Strip
+//   pre-tokenizers Sequence, ByteLevel, Split (regex or string; isolated, removed,
+//                  merged_with_previous, merged_with_next; invert), Metaspace
+//   models         BPE (merges, byte_fallback, unk / fuse_unk, ignore_merges)
+//   post-processors TemplateProcessing (single sequences), ByteLevel, Sequence
+// Anything else is a UserError naming the component, never a different tokenizer.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace autotp::tok {
+
+class Tokenizer {
+ public:
+  // `source` names the file in errors.
+  static Tokenizer from_json(const nlohmann::json& json, const std::string& source);
+  static Tokenizer from_file(const std::string& path);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  // The ids of `text` (UTF-8; invalid UTF-8 is a UserError). add_special_tokens: the
+  // post-processor's tokens (BOS ...), as HF's encode(add_special_tokens=True).
+  std::vector<int64_t> encode(std::string_view text, bool add_special_tokens = true) const;
+
+  // One more than the largest id of the vocabulary and the added tokens.
+  int64_t vocab_size() const;
+  std::optional<int64_t> token_id(const std::string& token) const;
+
+ private:
+  Tokenizer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace autotp::tok

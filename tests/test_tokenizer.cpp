@@ -1,0 +1,218 @@
+// HF tokenizer.json in C++: closed-form cases of each piece on hand-made
+// tokenizers (merge order, byte fallback, unk fusing, ignore_merges, added tokens,
+// pre-tokenizers, the post-processor), and id-for-id equality with HF's
+// `tokenizers` library on the shipped fixtures (tests/data/tokenizers, made by
+// make_fixtures.py there).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "autotp/base/error.h"
+#include "autotp/tokenizer/tokenizer.h"
+
+namespace autotp {
+namespace {
+
+using nlohmann::json;
+using tok::Tokenizer;
+
+json bpe_model(const json& vocab, const json& merges, const json& extra = json::object()) {
+  json model = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"dropout", nullptr}};
+  model.update(extra);
+  return model;
+}
+
+Tokenizer make(const json& model, const json& rest = json::object()) {
+  json j = {{"version", "1.0"}, {"model", model}};
+  j.update(rest);
+  return Tokenizer::from_json(j, "tokenizer.json");
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+using Ids = std::vector<int64_t>;
+
+TEST(BpeModel, MergesApplyByRankLeftmostFirst) {
+  const json vocab = {{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"bc", 4}, {"abc", 5}};
+  // (b, c) outranks (a, b): "abc" -> a + bc -> abc.
+  EXPECT_EQ(make(bpe_model(vocab, {"b c", "a b", "a bc"})).encode("abc"), Ids({5}));
+  // (a, b) first and no (ab, c): ab + c. Pairs as arrays, as tokenizers >= 0.20 writes them.
+  EXPECT_EQ(make(bpe_model(vocab, json::array({json::array({"a", "b"}), json::array({"b", "c"})}))).encode("abc"),
+            Ids({3, 2}));
+  // Equal pairs merge leftmost first: "bcbc" -> bc bc.
+  EXPECT_EQ(make(bpe_model(vocab, {"b c"})).encode("bcbc"), Ids({4, 4}));
+  // ignore_merges: a word that is a token is taken whole even where merges would not get there.
+  EXPECT_EQ(make(bpe_model(vocab, {"a b"}, {{"ignore_merges", true}})).encode("abc"), Ids({5}));
+  EXPECT_EQ(make(bpe_model(vocab, {"a b"})).encode("abc"), Ids({3, 2}));
+}
+
+TEST(BpeModel, ByteFallbackAndUnknowns) {
+  json vocab = {{"<unk>", 0}, {"a", 1}};
+  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 2 + b;
+  // é is C3 A9: its bytes' tokens.
+  EXPECT_EQ(make(bpe_model(vocab, json::array(), {{"byte_fallback", true}, {"unk_token", "<unk>"}})).encode("aé"),
+            Ids({1, 2 + 0xC3, 2 + 0xA9}));
+  const json small = {{"<unk>", 0}, {"a", 1}};
+  EXPECT_EQ(make(bpe_model(small, json::array(), {{"unk_token", "<unk>"}})).encode("xya"), Ids({0, 0, 1}));
+  EXPECT_EQ(make(bpe_model(small, json::array(), {{"unk_token", "<unk>"}, {"fuse_unk", true}})).encode("xya"),
+            Ids({0, 1}));
+  const std::string none = error_of([&] { make(bpe_model(small, json::array())).encode("x"); });
+  EXPECT_NE(none.find("no unk_token"), std::string::npos) << none;
+}
+
+TEST(Tokenizer, ByteLevelMapsBytesAndSplitsLikeGpt2) {
+  // GPT-2's byte map: space (0x20) -> U+0120 'Ġ', newline -> U+010A 'Ċ', printable ASCII to itself.
+  json vocab = {{"h", 0}, {"i", 1}, {"\xC4\xA0", 2}, {"\xC4\x8A", 3}, {"\xC4\xA0h", 4}, {"'", 5}, {"s", 6}};
+  const json pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  auto t = make(bpe_model(vocab, {"\xC4\xA0 h"}), {{"pre_tokenizer", pre}});
+  // "hi hi\n's": words "hi", " hi", "\n", "'s" (GPT-2's pattern splits the contraction off).
+  EXPECT_EQ(t.encode("hi hi\n's"), Ids({0, 1, 4, 1, 3, 5, 6}));
+  json prefixed = pre;
+  prefixed["add_prefix_space"] = true;
+  EXPECT_EQ(make(bpe_model(vocab, {"\xC4\xA0 h"}), {{"pre_tokenizer", prefixed}}).encode("hi"), Ids({4, 1}));
+}
+
+TEST(Tokenizer, AddedTokensSplitFirstAndTemplateAddsBos) {
+  const json vocab = {{"a", 0}, {"b", 1}, {" ", 2}};
+  const json added = json::array({{{"id", 10}, {"content", "<s>"}, {"special", true}},
+                                  {{"id", 11}, {"content", "<|x|>"}, {"special", true}, {"lstrip", true}},
+                                  {{"id", 12}, {"content", "<|x|>y"}, {"special", false}}});
+  const json post = {{"type", "TemplateProcessing"},
+                     {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                     {"pair", json::array()},
+                     {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {10}}, {"tokens", {"<s>"}}}}}}};
+  auto t = make(bpe_model(vocab, json::array()), {{"added_tokens", added}, {"post_processor", post}});
+  EXPECT_EQ(t.encode("ab"), Ids({10, 0, 1}));
+  EXPECT_EQ(t.encode("ab", false), Ids({0, 1}));
+  // Longest match wins; lstrip takes the spaces before it.
+  EXPECT_EQ(t.encode("a <|x|>b<|x|>y<s>", false), Ids({0, 11, 1, 12, 10}));
+  EXPECT_EQ(t.vocab_size(), 13);
+  EXPECT_EQ(t.token_id("<|x|>"), 11);
+  EXPECT_EQ(t.token_id("b"), 1);
+  EXPECT_FALSE(t.token_id("zz").has_value());
+}
+
+TEST(Tokenizer, NormalizersAndMetaspace) {
+  const std::string ws = "\xE2\x96\x81";  // U+2581
+  const json vocab = {{ws, 0}, {"a", 1}, {"b", 2}, {ws + "a", 3}, {"<s>", 4}};
+  const json merges = json::array({ws + " a"});
+  // Llama-2's normalizer: prepend ▁ and turn spaces into ▁, per piece between added tokens.
+  const json llama2 = {{"type", "Sequence"},
+                       {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", ws}},
+                                                    {{"type", "Replace"},
+                                                     {"pattern", {{"String", " "}}},
+                                                     {"content", ws}}})}};
+  const json added = json::array({{{"id", 4}, {"content", "<s>"}, {"special", true}}});
+  auto t = make(bpe_model(vocab, merges), {{"normalizer", llama2}, {"added_tokens", added}});
+  EXPECT_EQ(t.encode("a b"), Ids({3, 0, 2}));
+  EXPECT_EQ(t.encode("b<s>a"), Ids({0, 2, 4, 3}));
+  // Metaspace: "first" prepends only to the piece at the start of the text; split cuts before each ▁.
+  const json meta = {{"type", "Metaspace"}, {"replacement", ws}, {"prepend_scheme", "first"}, {"split", true}};
+  auto m = make(bpe_model(vocab, merges), {{"pre_tokenizer", meta}, {"added_tokens", added}});
+  EXPECT_EQ(m.encode("a a"), Ids({3, 3}));
+  EXPECT_EQ(m.encode("b<s>a"), Ids({0, 2, 4, 1}));
+  json always = meta;
+  always["prepend_scheme"] = "always";
+  EXPECT_EQ(make(bpe_model(vocab, merges), {{"pre_tokenizer", always}, {"added_tokens", added}}).encode("b<s>a"),
+            Ids({0, 2, 4, 3}));
+}
+
+TEST(Tokenizer, SplitBehaviours) {
+  const json vocab = {{"a", 0}, {"b", 1}, {"-", 2}, {"a-", 3}, {"-b", 4}};
+  auto with = [&](const std::string& behavior, bool invert = false) {
+    const json pre = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", invert}};
+    return make(bpe_model(vocab, {"a -", "- b"}), {{"pre_tokenizer", pre}}).encode("a-b");
+  };
+  EXPECT_EQ(with("Isolated"), Ids({0, 2, 1}));
+  EXPECT_EQ(with("Removed"), Ids({0, 1}));
+  EXPECT_EQ(with("MergedWithPrevious"), Ids({3, 1}));
+  EXPECT_EQ(with("MergedWithNext"), Ids({0, 4}));
+  const std::string contiguous = error_of([&] { with("Contiguous"); });
+  EXPECT_NE(contiguous.find("split behavior 'Contiguous' is not supported"), std::string::npos) << contiguous;
+}
+
+TEST(Tokenizer, UnsupportedPartsAreNamed) {
+  const json model = bpe_model({{"a", 0}}, json::array());
+  EXPECT_NE(error_of([&] { make(model, {{"normalizer", {{"type", "NFKC"}}}}); }).find("normalizer 'NFKC'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make(model, {{"pre_tokenizer", {{"type", "Digits"}}}}); }).find("pre-tokenizer 'Digits'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make({{"type", "Unigram"}, {"vocab", json::array()}}); }).find("'Unigram'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make(bpe_model({{"a", 0}}, {"a b"})); }).find("merge 'a b'"), std::string::npos);
+  EXPECT_NE(error_of([&] { make(model).encode("\xC3"); }).find("not valid UTF-8"), std::string::npos);
+  const json bad_regex = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  EXPECT_NE(error_of([&] { make(model, {{"pre_tokenizer", bad_regex}}); }).find("does not compile"),
+            std::string::npos);
+}
+
+// The fixtures: tokenizer.json files trained with HF's tokenizers library and the
+// ids it gives for a set of strings (expected.jsonl).
+const std::string kFixtures = AUTOTP_SOURCE_DIR "/tests/data/tokenizers";
+
+class TokenizerFixture : public ::testing::TestWithParam<std::string> {};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// FNV-1a 64 over the ids as consecutive little-endian uint32 (corpus_summary.json).
+std::string fnv1a64_hex(const Ids& ids) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (int64_t id : ids)
+    for (int b = 0; b < 4; ++b) {
+      hash ^= (static_cast<uint64_t>(id) >> (8 * b)) & 0xff;
+      hash *= 0x100000001b3ULL;
+    }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+TEST_P(TokenizerFixture, IdsEqualHfTokenizers) {
+  const std::string dir = kFixtures + "/" + GetParam();
+  ASSERT_TRUE(std::filesystem::exists(dir + "/tokenizer.json")) << "missing fixture " << dir;
+  const Tokenizer t = Tokenizer::from_file(dir + "/tokenizer.json");
+  std::ifstream in(dir + "/expected.jsonl");
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    const json c = json::parse(line);
+    const std::string text = c["text"];
+    EXPECT_EQ(t.encode(text, true), c["ids"].get<Ids>()) << GetParam() << ": " << json(text).dump();
+    EXPECT_EQ(t.encode(text, false), c["ids_no_special"].get<Ids>()) << GetParam() << ": " << json(text).dump();
+    ++cases;
+  }
+  EXPECT_GT(cases, 20);
+}
+
+// The whole 200 KB mixed corpus as one string: count, hash and the first ids.
+TEST_P(TokenizerFixture, CorpusEqualsHfTokenizers) {
+  const std::string dir = kFixtures + "/" + GetParam();
+  const Tokenizer t = Tokenizer::from_file(dir + "/tokenizer.json");
+  const json summary = json::parse(read_file(dir + "/corpus_summary.json"));
+  const std::string corpus = read_file(kFixtures + "/" + summary["corpus"].get<std::string>());
+  ASSERT_EQ(corpus.size(), summary["corpus_bytes"].get<size_t>());
+  const Ids ids = t.encode(corpus, false);
+  const Ids first = summary["first_ids"].get<Ids>();
+  ASSERT_GE(ids.size(), first.size());
+  EXPECT_EQ(Ids(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(first.size())), first);
+  EXPECT_EQ(static_cast<int64_t>(ids.size()), summary["count"].get<int64_t>());
+  EXPECT_EQ(fnv1a64_hex(ids), summary["fnv1a64"].get<std::string>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TokenizerFixture,
+                         ::testing::Values("gpt2_bpe", "llama3_bpe", "llama2_spm_bpe", "mistral_spm_metaspace"));
+
+}  // namespace
+}  // namespace autotp
