@@ -64,10 +64,12 @@ class CliCheckpoint : public ::testing::Test {
     tokens_ = write(dir_ + "/eval_tokens.json", tokens.dump());
   }
   std::string config(const std::string& name, const json& c) { return write(dir_ + "/" + name + ".json", c.dump()); }
-  // `autotp train` on `world` ranks; extra flags appended.
+  // `autotp train` on `world` ranks; extra flags appended. The corpus is byte-level
+  // text for the model directories too (they carry no tokenizer files).
   test::CliResult train(const std::string& cfg, int world, int steps, const std::string& extra,
                         const std::string& model = "preset:llama-tiny") {
-    return run_cli("train --config " + cfg + " --model " + model + " --data " + data_ + " --seq-len 32 --steps " +
+    return run_cli("train --config " + cfg + " --model " + model + " --data " + data_ +
+                   " --tokenizer bytes --seq-len 32 --steps " +
                    std::to_string(steps) + " --nproc " + std::to_string(world) + " " + extra);
   }
   double eval_loss(const std::string& model, int tp) {

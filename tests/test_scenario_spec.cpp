@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <functional>
 
 #include "autotp/io/safetensors.h"
@@ -15,6 +16,7 @@
 #include "scenario/scenario_runner.h"
 #include "scenario/scenario_spec.h"
 #include "support/model_fixtures.h"
+#include "support/reference_models.h"
 
 namespace autotp::scenario {
 namespace {
@@ -197,6 +199,30 @@ TEST_F(ScenarioSpecTest, ModelOverridesAreValidatedAndChangeTheShapes) {
   EXPECT_TRUE(s.models.at("").needs_dir());
   EXPECT_EQ(s.models.at("").config.num_heads, 5);
   EXPECT_EQ(s.models.at("").config.vocab_size, 263);
+}
+
+// "tokenizer": auto is decided per model when the file is read (a model with
+// overrides trains from a written copy without tokenizer files).
+TEST_F(ScenarioSpecTest, TokenizerIsDecidedPerModel) {
+  const json config = test::preset_config("llama-tiny", {{"vocab_size", 1024}});  // room for the fixture's 956
+  const std::string model = test::write_model_dir(dir_ + "/model", config, test::reference_random_weights(config, 1));
+  json j = base();
+  j["models"] = {{"preset", "preset:llama-tiny"}, {"dir", "model"}};
+  j.erase("model");
+  EXPECT_NE(error(j).find("s.json: data: " + model + ": the model directory has no tokenizer"), std::string::npos)
+      << error(j);
+  j["tokenizer"] = "bytes";
+  auto s = parse(j);
+  EXPECT_EQ(s.models.at("dir").tokenizer, "bytes");
+  j["tokenizer"] = "nowhere";
+  EXPECT_NE(error(j).find("--tokenizer " + dir_ + "/nowhere: not a directory"), std::string::npos) << error(j);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(AUTOTP_SOURCE_DIR "/tests/data/tokenizers/llama2_spm_bpe/" + std::string(file),
+                               model + "/" + file);
+  j.erase("tokenizer");
+  s = parse(j);
+  EXPECT_EQ(s.models.at("preset").tokenizer, "bytes");
+  EXPECT_EQ(s.models.at("dir").tokenizer, model);
 }
 
 TEST_F(ScenarioSpecTest, OnlyKeepsTheBaselineAndSuggestsNames) {

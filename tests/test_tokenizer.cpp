@@ -1,8 +1,8 @@
 // HF tokenizer.json in C++: closed-form cases of each piece on hand-made
-// tokenizers (merge order, byte fallback, unk fusing, ignore_merges, added tokens,
-// pre-tokenizers, the post-processor), and id-for-id equality with HF's
-// `tokenizers` library on the shipped fixtures (tests/data/tokenizers, made by
-// make_fixtures.py there).
+// tokenizers (merge order, byte fallback, unk fusing, ignore_merges, Unigram's Viterbi,
+// WordPiece, BERT's normalizer, added tokens, pre-tokenizers, the post-processor), and
+// id-for-id equality with HF's `tokenizers` library on the shipped fixtures
+// (tests/data/tokenizers, made by make_fixtures.py there).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -66,6 +66,92 @@ TEST(BpeModel, ByteFallbackAndUnknowns) {
             Ids({0, 1}));
   const std::string none = error_of([&] { make(bpe_model(small, json::array())).encode("x"); });
   EXPECT_NE(none.find("no unk_token"), std::string::npos) << none;
+}
+
+// A Unigram vocab: [[piece, score], ...] in id order.
+json pieces(const std::vector<std::pair<std::string, double>>& list) {
+  json out = json::array();
+  for (const auto& [piece, score] : list) out.push_back(json::array({piece, score}));
+  return out;
+}
+
+json unigram_model(const json& vocab, const json& extra = json::object()) {
+  json model = {{"type", "Unigram"}, {"unk_id", 0}, {"vocab", vocab}, {"byte_fallback", false}};
+  model.update(extra);
+  return model;
+}
+
+TEST(UnigramModel, ViterbiTakesTheBestSumNotTheLongestPiece) {
+  // ids: <unk> 0, a 1, b 2, c 3, ab 4, bc 5, abc 6.
+  const json vocab = pieces({{"<unk>", 0}, {"a", -1}, {"b", -1}, {"c", -1}, {"ab", -1.5}, {"bc", -3}, {"abc", -4}});
+  auto t = make(unigram_model(vocab));
+  // "abc": a+b+c -3, ab+c -2.5, a+bc -4, abc -4: ab + c.
+  EXPECT_EQ(t.encode("abc"), Ids({4, 3}));
+  // "bc": b+c -2 beats bc -3.
+  EXPECT_EQ(t.encode("bc"), Ids({2, 3}));
+  // "cab": c + ab (-2.5) beats c+a+b (-3).
+  EXPECT_EQ(t.encode("cab"), Ids({3, 4}));
+  // With abc at -2 it wins over ab+c (-2.5).
+  json better = vocab;
+  better[6][1] = -2.0;
+  EXPECT_EQ(make(unigram_model(better)).encode("abc"), Ids({6}));
+}
+
+TEST(UnigramModel, UnknownsFuseAndFallBackToBytes) {
+  // ids: <unk> 0, a 1, xy 2 (min score -20, so an unknown character scores -30).
+  const json vocab = pieces({{"<unk>", 0}, {"a", -1}, {"xy", -20}});
+  auto t = make(unigram_model(vocab));
+  EXPECT_EQ(t.encode("xy"), Ids({2}));         // -20 beats unk x + unk y (-60)
+  EXPECT_EQ(t.encode("zxa"), Ids({0, 1}));     // z and x have no piece: one fused unk
+  EXPECT_EQ(t.encode("a\xC3\xA9q"), Ids({1, 0}));  // é and q fuse too (whole characters)
+  // byte_fallback: a fused unk becomes its UTF-8 bytes, <0xXX> ids 3 + byte here.
+  json bytes = vocab;
+  for (int b = 0; b < 256; ++b) bytes.push_back(json::array({fmt::format("<0x{:02X}>", b), 0.0}));
+  auto f = make(unigram_model(bytes, {{"byte_fallback", true}}));
+  EXPECT_EQ(f.encode("\xC3\xA9za"), Ids({3 + 0xC3, 3 + 0xA9, 3 + 'z', 1}));
+  // Byte pieces are ordinary pieces in the lattice: the text "<0x41>" is that piece, as in HF.
+  EXPECT_EQ(f.encode("<0x41>"), Ids({3 + 0x41}));
+  // Without unk_id an unknown character is an error.
+  const std::string none = error_of([&] { make(unigram_model(vocab, {{"unk_id", nullptr}})).encode("z"); });
+  EXPECT_NE(none.find("no unk_id"), std::string::npos) << none;
+  EXPECT_NE(error_of([&] { make(unigram_model(vocab, {{"unk_id", 3}})); }).find("unk_id 3"), std::string::npos);
+}
+
+json wordpiece_model(const json& vocab, const json& extra = json::object()) {
+  json model = {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"continuing_subword_prefix", "##"},
+                {"max_input_chars_per_word", 100}, {"vocab", vocab}};
+  model.update(extra);
+  return model;
+}
+
+TEST(WordPieceModel, LongestMatchFirstAndWholeWordUnk) {
+  const json vocab = {{"[UNK]", 0}, {"un", 1}, {"##aff", 2}, {"##able", 3}, {"u", 4},
+                      {"##n", 5},   {"##a", 6}, {"n", 7},     {"##\xC3\xA9", 8}};
+  auto t = make(wordpiece_model(vocab));
+  EXPECT_EQ(t.encode("unaffable"), Ids({1, 2, 3}));  // un, not u + ##n
+  EXPECT_EQ(t.encode("unaffablex"), Ids({0}));       // ##x matches nothing: the whole word is [UNK]
+  EXPECT_EQ(t.encode("n\xC3\xA9"), Ids({7, 8}));     // shrinks by whole characters: n + ##é
+  EXPECT_EQ(make(wordpiece_model(vocab, {{"max_input_chars_per_word", 5}})).encode("unaff"), Ids({1, 2}));
+  EXPECT_EQ(make(wordpiece_model(vocab, {{"max_input_chars_per_word", 5}})).encode("unaffa"), Ids({0}));
+}
+
+TEST(Tokenizer, BertNormalizerAndPreTokenizer) {
+  const json vocab = {{"[UNK]", 0}, {"hello", 1}, {",", 2}, {"world", 3}, {"\xE4\xB8\xAD", 4}, {"\xE6\x96\x87", 5},
+                      {"!", 6},     {"i", 7},     {"i\xCC\x87", 8},     {"\xCE\xBF\xCF\x83", 9}};
+  json normalizer = {{"type", "BertNormalizer"}, {"clean_text", true}, {"handle_chinese_chars", true},
+                     {"strip_accents", nullptr}, {"lowercase", true}};
+  const json pre = {{"type", "BertPreTokenizer"}};
+  auto t = make(wordpiece_model(vocab), {{"normalizer", normalizer}, {"pre_tokenizer", pre}});
+  // é loses its accent (NFD, drop Mn), \t is a space, U+200B (Cf) goes, each CJK character is a word,
+  // punctuation is split off.
+  EXPECT_EQ(t.encode("H\xC3\xA9llo,\tWORLD\xE2\x80\x8B\xE4\xB8\xAD\xE6\x96\x87!"), Ids({1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(t.encode("\xC4\xB0"), Ids({7}));  // U+0130: NFD I + U+0307, the mark dropped, then i
+  // Without strip_accents: lowercase per character as Rust's char::to_lowercase: U+0130 -> i + U+0307,
+  // and a final capital sigma -> σ (no final-sigma rule).
+  normalizer["strip_accents"] = false;
+  auto keep = make(wordpiece_model(vocab), {{"normalizer", normalizer}, {"pre_tokenizer", pre}});
+  EXPECT_EQ(keep.encode("\xC4\xB0"), Ids({8}));
+  EXPECT_EQ(keep.encode("\xCE\x9F\xCE\xA3"), Ids({9}));  // ΟΣ -> οσ
 }
 
 TEST(Tokenizer, ByteLevelMapsBytesAndSplitsLikeGpt2) {
@@ -146,7 +232,7 @@ TEST(Tokenizer, UnsupportedPartsAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of([&] { make(model, {{"pre_tokenizer", {{"type", "Digits"}}}}); }).find("pre-tokenizer 'Digits'"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { make({{"type", "Unigram"}, {"vocab", json::array()}}); }).find("'Unigram'"),
+  EXPECT_NE(error_of([&] { make({{"type", "WordLevel"}, {"vocab", json::object()}}); }).find("'WordLevel'"),
             std::string::npos);
   EXPECT_NE(error_of([&] { make(bpe_model({{"a", 0}}, {"a b"})); }).find("merge 'a b'"), std::string::npos);
   EXPECT_NE(error_of([&] { make(model).encode("\xC3"); }).find("not valid UTF-8"), std::string::npos);
@@ -212,7 +298,8 @@ TEST_P(TokenizerFixture, CorpusEqualsHfTokenizers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TokenizerFixture,
-                         ::testing::Values("gpt2_bpe", "llama3_bpe", "llama2_spm_bpe", "mistral_spm_metaspace"));
+                         ::testing::Values("gpt2_bpe", "llama3_bpe", "llama2_spm_bpe", "mistral_spm_metaspace",
+                                           "unigram", "wordpiece"));
 
 }  // namespace
 }  // namespace autotp

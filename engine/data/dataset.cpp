@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -112,30 +114,57 @@ class MappedTokens : public TokenStream {
   const T* tokens_;  // page-aligned, so aligned for T
 };
 
-// ---------------------------------------------------------------- byte-level tokenizer
+// ---------------------------------------------------------------- tokenizers
 
-void check_byte_level_vocab(const std::string& path, const DataOptions& options) {
-  for (const auto& [name, id] : {std::pair<const char*, int64_t>{"bos_id", options.bos_id},
-                                 {"eos_id", options.eos_id},
-                                 {"pad_id", options.pad_id}}) {
-    AUTOTP_USER_CHECK(id >= 0, "{}: {} is {}; token ids cannot be negative", path, name, id);
+// The tokenizer of the text formats: the options' (a model's own), else the
+// byte-level one with the options' ids. Checks that its ids fit the model.
+std::shared_ptr<const tok::TextTokenizer> text_tokenizer(const std::string& path, const DataOptions& options) {
+  if (!options.tokenizer) {
+    for (const auto& [name, id] : {std::pair<const char*, int64_t>{"bos_id", options.bos_id},
+                                   {"eos_id", options.eos_id},
+                                   {"pad_id", options.pad_id}}) {
+      AUTOTP_USER_CHECK(id >= 0, "{}: {} is {}; token ids cannot be negative", path, name, id);
+    }
+    const int64_t needed = std::max({int64_t{256}, options.bos_id + 1, options.eos_id + 1, options.pad_id + 1});
+    AUTOTP_USER_CHECK(options.vocab_size >= needed,
+                      "{}: byte-level text needs vocab_size >= {} (256 byte ids, BOS {}, EOS {}, pad {}), but "
+                      "vocab_size is {}",
+                      path, needed, options.bos_id, options.eos_id, options.pad_id, options.vocab_size);
+    return tok::byte_level_tokenizer(options.bos_id, options.eos_id, options.pad_id);
   }
-  const int64_t needed = std::max({int64_t{256}, options.bos_id + 1, options.eos_id + 1, options.pad_id + 1});
-  AUTOTP_USER_CHECK(options.vocab_size >= needed,
-                    "{}: byte-level text needs vocab_size >= {} (256 byte ids, BOS {}, EOS {}, pad {}), but "
-                    "vocab_size is {}",
-                    path, needed, options.bos_id, options.eos_id, options.pad_id, options.vocab_size);
+  AUTOTP_USER_CHECK(options.tokenizer->vocab_size() <= options.vocab_size,
+                    "{}: the tokenizer {} has {} ids, more than the model's vocab_size {} (config.json): they do "
+                    "not belong to this model",
+                    path, options.tokenizer->describe(), options.tokenizer->vocab_size(), options.vocab_size);
+  return options.tokenizer;
 }
 
-void append_bytes(const std::string& text, std::vector<uint32_t>& out) {
-  for (unsigned char byte : text) out.push_back(byte);
+// The options with the tokenizer's padding id.
+DataOptions with_padding(DataOptions options, const tok::TextTokenizer& tokenizer) {
+  if (tokenizer.pad_id) options.pad_id = *tokenizer.pad_id;
+  return options;
 }
 
-// BOS + the text's bytes + EOS.
-void append_document(const std::string& text, const DataOptions& options, std::vector<uint32_t>& out) {
-  out.push_back(static_cast<uint32_t>(options.bos_id));
-  append_bytes(text, out);
-  out.push_back(static_cast<uint32_t>(options.eos_id));
+void append_ids(const std::vector<int64_t>& ids, std::vector<uint32_t>& out) {
+  for (int64_t id : ids) out.push_back(static_cast<uint32_t>(id));
+}
+
+// [BOS] + the text's ids + EOS: BOS where the tokenizer adds it (add_bos_token),
+// EOS always when it has one (packed documents need a boundary).
+void append_document(std::string_view text, const tok::TextTokenizer& tokenizer, std::vector<uint32_t>& out) {
+  if (tokenizer.add_bos) out.push_back(static_cast<uint32_t>(*tokenizer.bos_id));
+  std::vector<int64_t> ids;
+  tokenizer.encode(text, ids);
+  append_ids(ids, out);
+  if (tokenizer.eos_id) out.push_back(static_cast<uint32_t>(*tokenizer.eos_id));
+}
+
+std::string with_time(const std::string& what, size_t bytes, double seconds) {
+  return fmt::format("{} ({:.1f} MB tokenized in {:.2f} s)", what, static_cast<double>(bytes) / 1e6, seconds);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 int64_t required_seq_len(const std::string& path, const DataOptions& options, const char* format) {
@@ -207,18 +236,11 @@ class PackedDataset : public Dataset {
 
 std::unique_ptr<Dataset> open_text(const std::string& path, const DataOptions& options) {
   required_seq_len(path, options, "text (.txt)");
-  check_byte_level_vocab(path, options);
-  std::ifstream in(path, std::ios::binary);
-  AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
-  std::ostringstream content;
-  content << in.rdbuf();
-  const std::string text = content.str();
-  AUTOTP_USER_CHECK(!text.empty(), "{}: the file is empty; there is nothing to train on", path);
-  std::vector<uint32_t> tokens;
-  tokens.reserve(text.size() + 2);
-  append_document(text, options, tokens);
-  return std::make_unique<PackedDataset>(path, "byte-level text",
-                                         std::make_unique<InMemoryTokens>(std::move(tokens)), options);
+  const auto tokenizer = text_tokenizer(path, options);
+  TokenizedText text = tokenize_documents(path, options);
+  return std::make_unique<PackedDataset>(path, with_time(text.what, text.bytes, text.seconds),
+                                         std::make_unique<InMemoryTokens>(std::move(text.tokens)),
+                                         with_padding(options, *tokenizer));
 }
 
 std::unique_ptr<Dataset> open_bin(const std::string& path, const DataOptions& options) {
@@ -372,45 +394,66 @@ RecordKind record_kind(const std::string& path, int64_t line_number, const nlohm
   const bool has_instruction = record.contains("instruction");
   AUTOTP_USER_CHECK(!(has_text && has_instruction),
                     "{}: line {}: a record has either \"text\" or \"instruction\", not both", path, line_number);
+  AUTOTP_USER_CHECK(!record.contains("messages") || has_text || has_instruction,
+                    "{}: line {}: \"messages\" records need the model's chat_template, which autotp does not "
+                    "render (docs/data.md); write the rendered conversation as {{\"text\"}}, or use "
+                    "{{\"instruction\", \"input\", \"output\"}} records",
+                    path, line_number);
   AUTOTP_USER_CHECK(has_text || has_instruction,
                     "{}: line {}: the record has neither \"text\" nor \"instruction\" (with \"output\")", path,
                     line_number);
   return has_text ? RecordKind::kText : RecordKind::kInstruction;
 }
 
-// BOS, the prompt (instruction, the optional input, a newline), the output, EOS;
-// the prompt's tokens are masked out of the loss.
+// [BOS], the prompt (instruction, the optional input, a newline), the output, EOS;
+// the prompt's tokens are masked out of the loss. Prompt and output are encoded
+// as one text (as the model reads them); the prompt is the longest prefix of those
+// ids that the prompt alone encodes to, so a token spanning the boundary is learned.
 InstructionDataset::Record instruction_tokens(const std::string& path, int64_t line_number,
-                                              const nlohmann::json& record, const DataOptions& options) {
+                                              const nlohmann::json& record, const tok::TextTokenizer& tokenizer) {
   const std::string instruction = string_field(path, line_number, record, "instruction");
   const std::string output = string_field(path, line_number, record, "output");
   std::string input;
   if (record.contains("input") && !record["input"].is_null()) input = string_field(path, line_number, record, "input");
   const std::string prompt = instruction + (input.empty() ? "" : "\n" + input) + "\n";
+  std::vector<int64_t> prompt_ids, ids;
+  tokenizer.encode(prompt, prompt_ids);
+  tokenizer.encode(prompt + output, ids);
+  const auto common = std::mismatch(prompt_ids.begin(), prompt_ids.end(), ids.begin(), ids.end()).first;
   InstructionDataset::Record example;
-  example.prompt_tokens = 1 + static_cast<int64_t>(prompt.size());
-  example.tokens.push_back(static_cast<uint32_t>(options.bos_id));
-  append_bytes(prompt, example.tokens);
-  append_bytes(output, example.tokens);
-  example.tokens.push_back(static_cast<uint32_t>(options.eos_id));
+  if (tokenizer.add_bos) example.tokens.push_back(static_cast<uint32_t>(*tokenizer.bos_id));
+  example.prompt_tokens =
+      static_cast<int64_t>(example.tokens.size()) + static_cast<int64_t>(common - prompt_ids.begin());
+  append_ids(ids, example.tokens);
+  if (tokenizer.eos_id) example.tokens.push_back(static_cast<uint32_t>(*tokenizer.eos_id));
   return example;
 }
 
-std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& options) {
-  required_seq_len(path, options, "JSON lines (.jsonl)");
-  check_byte_level_vocab(path, options);
-  std::ifstream in(path, std::ios::binary);
-  AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
-
+// What a .jsonl file holds: packed text records or instruction records.
+struct JsonlContent {
+  RecordKind kind = RecordKind::kText;
   std::vector<uint32_t> text_tokens;
   std::vector<InstructionDataset::Record> instructions;
-  RecordKind kind = RecordKind::kText;
-  int64_t first_record_line = 0;  // 0 = no record yet
   int64_t record_count = 0, truncated = 0, skipped = 0;
+};
+
+// `stream_only`: text records only (a token file has no place for a prompt mask).
+JsonlContent read_jsonl(const std::string& path, const DataOptions& options, const tok::TextTokenizer& tokenizer,
+                        bool stream_only, const TokenizeProgress& progress) {
+  std::ifstream in(path, std::ios::binary);
+  AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const auto total = static_cast<size_t>(std::max<std::streamoff>(in.tellg(), 0));
+  in.seekg(0);
+  JsonlContent c;
+  int64_t first_record_line = 0;  // 0 = no record yet
   const auto max_tokens = static_cast<size_t>(options.seq_len + 1);
+  size_t done = 0;
 
   std::string line;
   for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
+    done += line.size() + 1;
+    if (progress) progress(std::min(done, total), total);
     // Blank lines (a trailing newline, spacing between records) are not records.
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json record;
@@ -421,45 +464,91 @@ std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& 
     }
     const RecordKind this_kind = record_kind(path, line_number, record);
     if (first_record_line == 0) {
-      kind = this_kind;
+      c.kind = this_kind;
       first_record_line = line_number;
     }
-    AUTOTP_USER_CHECK(this_kind == kind,
+    AUTOTP_USER_CHECK(this_kind == c.kind,
                       "{}: line {}: {} record, but line {} is a {} record; a file holds one kind of record",
-                      path, line_number, kind_name(this_kind), first_record_line, kind_name(kind));
-    ++record_count;
+                      path, line_number, kind_name(this_kind), first_record_line, kind_name(c.kind));
+    AUTOTP_USER_CHECK(!stream_only || c.kind == RecordKind::kText,
+                      "{}: line {}: instruction records keep their prompt mask only when trained from the .jsonl "
+                      "itself; a token file holds text records (\"text\") only",
+                      path, line_number);
+    ++c.record_count;
 
-    if (kind == RecordKind::kText) {
-      append_document(string_field(path, line_number, record, "text"), options, text_tokens);
+    if (c.kind == RecordKind::kText) {
+      append_document(string_field(path, line_number, record, "text"), tokenizer, c.text_tokens);
       continue;
     }
-    InstructionDataset::Record example = instruction_tokens(path, line_number, record, options);
+    InstructionDataset::Record example = instruction_tokens(path, line_number, record, tokenizer);
     const bool cut = example.tokens.size() > max_tokens;
     if (cut) example.tokens.resize(max_tokens);
     // A prompt that fills the whole window leaves nothing to learn.
     if (static_cast<int64_t>(example.tokens.size()) <= example.prompt_tokens) {
-      ++skipped;
+      ++c.skipped;
       continue;
     }
-    truncated += cut ? 1 : 0;
-    instructions.push_back(std::move(example));
+    c.truncated += cut ? 1 : 0;
+    c.instructions.push_back(std::move(example));
   }
   AUTOTP_USER_CHECK(in.eof(), "{}: read error: {}", path, std::strerror(errno));
-  AUTOTP_USER_CHECK(record_count > 0, "{}: the file holds no records; there is nothing to train on", path);
+  AUTOTP_USER_CHECK(c.record_count > 0, "{}: the file holds no records; there is nothing to train on", path);
+  return c;
+}
 
-  if (kind == RecordKind::kText) {
-    return std::make_unique<PackedDataset>(path, fmt::format("{} text records", record_count),
-                                           std::make_unique<InMemoryTokens>(std::move(text_tokens)), options);
+std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& options) {
+  required_seq_len(path, options, "JSON lines (.jsonl)");
+  const auto tokenizer = text_tokenizer(path, options);
+  const auto start = std::chrono::steady_clock::now();
+  JsonlContent c = read_jsonl(path, options, *tokenizer, false, {});
+  const DataOptions padded = with_padding(options, *tokenizer);
+  const auto bytes = static_cast<size_t>(std::filesystem::file_size(path));
+  if (c.kind == RecordKind::kText) {
+    return std::make_unique<PackedDataset>(
+        path,
+        with_time(fmt::format("{} text records via {}", c.record_count, tokenizer->describe()), bytes,
+                  seconds_since(start)),
+        std::make_unique<InMemoryTokens>(std::move(c.text_tokens)), padded);
   }
-  AUTOTP_USER_CHECK(!instructions.empty(),
+  AUTOTP_USER_CHECK(!c.instructions.empty(),
                     "{}: all {} instruction records have prompts of seq_len {} tokens or more, so no output "
                     "token is left to learn; raise seq_len",
-                    path, record_count, options.seq_len);
-  return std::make_unique<InstructionDataset>(path, std::move(instructions), options, record_count, truncated,
-                                              skipped);
+                    path, c.record_count, options.seq_len);
+  return std::make_unique<InstructionDataset>(path, std::move(c.instructions), padded, c.record_count, c.truncated,
+                                              c.skipped);
 }
 
 }  // namespace
+
+TokenizedText tokenize_documents(const std::string& path, const DataOptions& options,
+                                 const TokenizeProgress& progress) {
+  const std::string extension = extension_of(path);
+  AUTOTP_USER_CHECK(extension == ".txt" || extension == ".jsonl",
+                    "{}: only text is tokenized (.txt, or .jsonl of text records), not '{}'", path, extension);
+  const auto tokenizer = text_tokenizer(path, options);
+  const auto start = std::chrono::steady_clock::now();
+  TokenizedText out;
+  if (extension == ".jsonl") {
+    JsonlContent c = read_jsonl(path, options, *tokenizer, true, progress);
+    out.tokens = std::move(c.text_tokens);
+    out.what = fmt::format("{} text records", c.record_count);
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
+    std::ostringstream content;
+    content << in.rdbuf();
+    const std::string text = content.str();
+    AUTOTP_USER_CHECK(!text.empty(), "{}: the file is empty; there is nothing to train on", path);
+    out.tokens.reserve(text.size() / 3 + 2);
+    append_document(text, *tokenizer, out.tokens);  // the whole file is one document
+    if (progress) progress(text.size(), text.size());
+    out.what = "text";
+  }
+  out.bytes = static_cast<size_t>(std::filesystem::file_size(path));
+  out.seconds = seconds_since(start);
+  out.what = fmt::format("{} via {}", out.what, tokenizer->describe());
+  return out;
+}
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataOptions& options) {
   AUTOTP_USER_CHECK(options.vocab_size > 0, "{}: vocab_size must be positive, got {}", path,

@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <unordered_map>
 
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
+#include "autotp/tokenizer/bert_text.h"
 #include "autotp/tokenizer/bpe_model.h"
 #include "autotp/tokenizer/text_regex.h"
+#include "autotp/tokenizer/unigram_model.h"
+#include "autotp/tokenizer/wordpiece_model.h"
 
 namespace autotp::tok {
 namespace {
@@ -117,7 +121,12 @@ Normalizer make_normalizer(const json& j, const std::string& where) {
       return s.substr(b, e - b);
     };
   }
-  throw_user_error("{}: normalizer '{}' is not supported (allowed: Sequence, Prepend, Replace, Strip)", where, type);
+  if (type == "BertNormalizer") {
+    auto bert = std::make_shared<BertNormalizer>(j, where);
+    return [bert](std::string s) { return bert->normalize(s); };
+  }
+  throw_user_error("{}: normalizer '{}' is not supported (allowed: Sequence, Prepend, Replace, Strip, BertNormalizer)",
+                   where, type);
 }
 
 // Splits `text` at the matches as `behavior` says (HF's SplitDelimiterBehavior).
@@ -234,8 +243,44 @@ PreTokenizer make_pre_tokenizer(const json& j, const std::string& where) {
       return out;
     };
   }
-  throw_user_error("{}: pre-tokenizer '{}' is not supported (allowed: Sequence, ByteLevel, Split, Metaspace)", where,
-                   type);
+  if (type == "BertPreTokenizer") {
+    auto bert = std::make_shared<BertPreTokenizer>(where);
+    return [bert](std::vector<Piece> pieces) {
+      std::vector<Piece> out;
+      std::vector<std::string> words;
+      for (auto& p : pieces) {
+        words.clear();
+        bert->split(p.text, words);
+        for (size_t k = 0; k < words.size(); ++k) out.push_back({std::move(words[k]), p.first && k == 0});
+      }
+      return out;
+    };
+  }
+  throw_user_error("{}: pre-tokenizer '{}' is not supported (allowed: Sequence, ByteLevel, Split, Metaspace, "
+                   "BertPreTokenizer)", where, type);
+}
+
+// The model behind one interface: the ids of a pre-tokenized word, and the vocabulary.
+struct Model {
+  virtual ~Model() = default;
+  virtual void encode_word(std::string_view word, std::vector<int64_t>& ids) const = 0;
+  virtual const std::unordered_map<std::string, int64_t>& vocab() const = 0;
+};
+
+template <typename M>
+struct ModelOf : Model {
+  ModelOf(const json& j, const std::string& where) : model(j, where) {}
+  void encode_word(std::string_view word, std::vector<int64_t>& ids) const override { model.encode_word(word, ids); }
+  const std::unordered_map<std::string, int64_t>& vocab() const override { return model.vocab(); }
+  M model;
+};
+
+std::unique_ptr<Model> make_model(const json& j, const std::string& where) {
+  const std::string type = j.value("type", "BPE");
+  if (type == "BPE") return std::make_unique<ModelOf<BpeModel>>(j, where);
+  if (type == "Unigram") return std::make_unique<ModelOf<UnigramModel>>(j, where);
+  if (type == "WordPiece") return std::make_unique<ModelOf<WordPieceModel>>(j, where);
+  throw_user_error("{}: model type '{}' is not supported (allowed: BPE, Unigram, WordPiece)", where, type);
 }
 
 struct AddedToken {
@@ -251,7 +296,7 @@ struct Tokenizer::Impl {
   std::map<unsigned char, std::vector<size_t>> added_by_first_byte;
   Normalizer normalizer;
   PreTokenizer pre_tokenizer;
-  std::unique_ptr<BpeModel> model;
+  std::unique_ptr<Model> model;
   std::vector<int64_t> prefix_ids, suffix_ids;  // the post-processor's, around the sequence
   int64_t vocab_size = 0;
   std::map<std::string, int64_t> added_ids;
@@ -301,9 +346,7 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& source) {
   Tokenizer t;
   Impl& m = *t.impl_;
   AUTOTP_USER_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: no 'model' object", source);
-  const std::string model_type = j["model"].value("type", "BPE");
-  AUTOTP_USER_CHECK(model_type == "BPE", "{}: model type '{}' is not supported yet (allowed: BPE)", source, model_type);
-  m.model = std::make_unique<BpeModel>(j["model"], source);
+  m.model = make_model(j["model"], source);
   m.normalizer = make_normalizer(j.value("normalizer", json()), source);
   m.pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()), source);
   m.read_post_processor(j.value("post_processor", json()), source);

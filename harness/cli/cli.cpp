@@ -103,6 +103,7 @@ int run(int argc, char** argv) {
   register_bench_step(app);
   register_bench_compare(app);
   register_simulate(app);
+  register_tokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "autotp/data/data_tokenizer.h"
 #include "autotp/data/dataset.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
@@ -76,7 +77,7 @@ void print_progress(const StepMetrics& m, const TrainConfig& config, int64_t ste
 }
 
 struct TrainArgs {
-  std::string config, model, data, metrics, bin_dtype = "uint16";
+  std::string config, model, data, metrics, bin_dtype = "uint16", tokenizer = "auto";
   std::string save, resume, export_hf, export_dtype, max_shard_size = "0";
   int64_t steps = 10, seq_len = 0, save_every = 0;
   bool no_shuffle = false;
@@ -103,6 +104,9 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
   cmd->add_option("--seed", args->seed, "Seed (overrides the config's seed; also seeds preset weights)");
   cmd->add_option("--bin-dtype", args->bin_dtype, "Token type of .bin data: uint16 or uint32 (default uint16)")
       ->check(CLI::IsMember({"uint16", "uint32"}));
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "Tokenizer of .txt/.jsonl data: auto (the model directory's own; byte-level for presets), "
+                  "bytes, or a directory with tokenizer.json / tokenizer.model (default auto)");
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
 }
@@ -152,6 +156,7 @@ void run_train(const TrainArgs& args) {
   data_options.seq_len = args.seq_len;
   data_options.vocab_size = source.config.vocab_size;
   data_options.bin_dtype = args.bin_dtype;
+  data_options.tokenizer = choose_tokenizer(args.tokenizer, source, args.data);
   std::shared_ptr<Dataset> data = open_dataset(args.data, data_options);
   AUTOTP_USER_CHECK(args.save_every == 0 || !args.save.empty(), "--save-every needs --save DIR");
   ExportOptions export_options;

@@ -269,6 +269,7 @@ class Runner {
                                      "--timeout", fmt::format("{}", spec_.timeout_s),
                                      "--device",  spec_.device,    "--backend",  spec_.backend};
     if (spec_.seq_len > 0) argv.insert(argv.end(), {"--seq-len", std::to_string(spec_.seq_len)});
+    argv.insert(argv.end(), {"--tokenizer", spec_.models.at(v.model).tokenizer});
     if (!spec_.shuffle) argv.push_back("--no-shuffle");
     if (spec_.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(spec_.threads)});
     std::string command;

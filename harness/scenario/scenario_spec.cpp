@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <set>
 
+#include "autotp/data/data_tokenizer.h"
 #include "autotp/data/dataset.h"
 #include "autotp/model/presets.h"
 #include "autotp/base/error.h"
@@ -20,7 +21,7 @@ namespace {
 using nlohmann::json;
 
 const std::vector<std::string> kTopKeys = {"name",        "description", "model",     "models",   "data",
-                                           "steps",       "seq_len",     "seed",      "world_size", "backend",  "device",
+                                           "steps",       "seq_len",     "tokenizer", "seed",      "world_size", "backend",  "device",
                                            "shuffle",     "threads",     "timeout_s", "config",   "baseline",
                                            "variants",    "sweep",       "checks"};
 const std::vector<std::string> kLayoutKeys = {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing",
@@ -320,11 +321,19 @@ void read_data(const Section& top, ScenarioSpec& s) {
   s.seq_len = top.integer("seq_len", s.seq_len, 0);
   const bool token_arrays = s.data.size() >= 5 && s.data.substr(s.data.size() - 5) == ".json";
   if (s.seq_len == 0 && !token_arrays) top.fail("seq_len is missing (required except for .json token arrays)");
-  for (const auto& [key, model] : s.models) {
+  // "auto" is decided here: a model with overrides trains from a written copy
+  // of its directory, which has no tokenizer files.
+  s.tokenizer = top.string("tokenizer", s.tokenizer);
+  for (auto& [key, model] : s.models) {
+    if (s.tokenizer == "auto")
+      model.tokenizer = model.source.rfind("preset:", 0) == 0 ? "bytes" : model.source;
+    else
+      model.tokenizer = s.tokenizer == "bytes" ? "bytes" : resolve_path(s.tokenizer, s.base_dir);
     DataOptions data_options;
     data_options.seq_len = s.seq_len;
     data_options.vocab_size = model.config.vocab_size;
     try {
+      data_options.tokenizer = choose_tokenizer(model.tokenizer, ModelSource{}, s.data);
       open_dataset(s.data, data_options);
     } catch (const UserError& e) {
       top.fail("data: {}", e.what());

@@ -31,6 +31,7 @@ struct ModelSpec {
   std::string source;                                  // "preset:NAME" or a directory (resolved against the file)
   nlohmann::json overrides = nlohmann::json::object();  // merged into config.json
   ModelConfig config;                                  // after overrides
+  std::string tokenizer;  // train --tokenizer for this model: "bytes" or a directory (the scenario's "tokenizer")
   bool needs_dir() const { return !overrides.empty(); }
 };
 
@@ -84,6 +85,7 @@ struct ScenarioSpec {
   std::string data;         // resolved path
   int64_t steps = 10;
   int64_t seq_len = 0;      // 0 only for .json token arrays
+  std::string tokenizer = "auto";  // auto | bytes | a directory (docs/data.md)
   uint64_t seed = 1;
   int world_size = 0;
   std::string backend = "gloo";  // gloo | nccl (CUDA tensors; nccl needs device cuda)

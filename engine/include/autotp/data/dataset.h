@@ -9,9 +9,12 @@
 // file fails before the first step.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "autotp/tokenizer/text_tokenizer.h"
 
 namespace autotp {
 
@@ -29,9 +32,13 @@ struct DataOptions {
   int64_t seq_len = 0;     // input tokens per example; 0 = from the data (.json only), else required
   int64_t vocab_size = 0;  // every id must be < vocab_size; required (> 0)
   std::string bin_dtype = "uint16";  // element type of .bin token files: uint16 | uint32
+  // The text formats' tokenizer (a model directory's own); null = the byte-level one
+  // with the ids below (docs/data.md).
+  std::shared_ptr<const tok::TextTokenizer> tokenizer;
   int64_t bos_id = 256;              // byte-level tokenizer: begin-of-text id (after the 256 byte ids)
   int64_t eos_id = 257;              // byte-level tokenizer: end-of-text id
-  int64_t pad_id = 257;              // input id of padded positions (their labels are kIgnoreLabel)
+  int64_t pad_id = 257;              // input id of padded positions (their labels are kIgnoreLabel); a
+                                     // tokenizer's own pad id replaces it
 };
 
 class Dataset {
@@ -47,11 +54,24 @@ class Dataset {
   virtual std::string describe() const = 0;
 };
 
-// Opens `path` by extension: .txt (byte-level text), .jsonl (text or instruction
+// Opens `path` by extension: .txt (text, one document), .jsonl (text or instruction
 // records), .json (token-id arrays, one example each), .bin (flat little-endian
 // token stream). UserError naming the file for an unknown extension, a malformed
 // or empty file, ids outside [0, vocab_size), a missing seq_len where the format
-// needs one, or a vocab_size too small for the byte-level tokenizer.
+// needs one, or a vocab_size too small for the tokenizer.
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataOptions& options);
+
+// A .txt file (one document) or a .jsonl file of text records as the packed token
+// stream a training run reads from it, for `autotp tokenize`. Instruction records
+// are a UserError (a token file has no prompt mask).
+struct TokenizedText {
+  std::vector<uint32_t> tokens;
+  std::string what;  // records and tokenizer, for the log
+  size_t bytes = 0;
+  double seconds = 0;
+};
+using TokenizeProgress = std::function<void(size_t bytes_done, size_t bytes_total)>;
+TokenizedText tokenize_documents(const std::string& path, const DataOptions& options,
+                                 const TokenizeProgress& progress = {});
 
 }  // namespace autotp

@@ -2,10 +2,13 @@
 // library's format), encoding text to the same ids: added and special tokens
 // matched first, then per remaining piece the normalizer, the pre-tokenizer and
 // the model, then the post-processor's special tokens. What is implemented:
-//   normalizers    Sequence, Prepend, Replace, Strip
+//   normalizers    Sequence, Prepend, Replace, Strip, BertNormalizer (needs ICU)
 //   pre-tokenizers Sequence, ByteLevel, Split (regex or string; isolated, removed,
-//                  merged_with_previous, merged_with_next; invert), Metaspace
-//   models         BPE (merges, byte_fallback, unk / fuse_unk, ignore_merges)
+//                  merged_with_previous, merged_with_next; invert), Metaspace,
+//                  BertPreTokenizer (needs ICU)
+//   models         BPE (merges, byte_fallback, unk / fuse_unk, ignore_merges),
+//                  Unigram (Viterbi over piece scores, fused unk, byte_fallback),
+//                  WordPiece (continuing_subword_prefix, max_input_chars_per_word, unk)
 //   post-processors TemplateProcessing (single sequences), ByteLevel, Sequence
 // Anything else is a UserError naming the component, never a different tokenizer.
 #pragma once

@@ -1,0 +1,27 @@
+#include "autotp/data/data_tokenizer.h"
+
+#include <filesystem>
+
+#include "autotp/base/error.h"
+
+namespace autotp {
+
+namespace {
+
+bool is_text(const std::string& path) {
+  const std::string extension = std::filesystem::path(path).extension().string();
+  return extension == ".txt" || extension == ".jsonl";
+}
+
+}  // namespace
+
+std::shared_ptr<const tok::TextTokenizer> choose_tokenizer(const std::string& choice, const ModelSource& model,
+                                                           const std::string& data_path) {
+  if (choice == "bytes" || !is_text(data_path)) return nullptr;
+  if (choice == "auto") return model.dir ? tok::load_model_tokenizer(*model.dir) : nullptr;
+  AUTOTP_USER_CHECK(std::filesystem::is_directory(choice), "--tokenizer {}: not a directory (allowed: {})", choice,
+                    kTokenizerChoices);
+  return tok::load_model_tokenizer(choice);
+}
+
+}  // namespace autotp
