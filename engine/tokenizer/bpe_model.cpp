@@ -6,20 +6,9 @@
 #include <queue>
 
 #include "autotp/base/error.h"
+#include "autotp/tokenizer/utf8.h"
 
 namespace autotp::tok {
-
-namespace {
-
-size_t utf8_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if ((lead >> 5) == 0x6) return 2;
-  if ((lead >> 4) == 0xE) return 3;
-  if ((lead >> 3) == 0x1E) return 4;
-  return 1;  // a stray continuation byte: one unit (validated input does not have them)
-}
-
-}  // namespace
 
 BpeModel::BpeModel(const nlohmann::json& model, const std::string& where) {
   AUTOTP_USER_CHECK(model.contains("vocab") && model["vocab"].is_object(), "{}: model.vocab must be an object", where);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "autotp/base/error.h"
+#include "autotp/tokenizer/utf8.h"
 
 namespace autotp::tok {
 
@@ -14,14 +15,6 @@ namespace {
 
 // HF's (and SentencePiece's) kUnkPenalty: an unknown character scores this much below the lowest piece.
 constexpr double kUnkPenalty = 10.0;
-
-size_t utf8_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if ((lead >> 5) == 0x6) return 2;
-  if ((lead >> 4) == 0xE) return 3;
-  if ((lead >> 3) == 0x1E) return 4;
-  return 1;  // a stray continuation byte: one unit (validated input does not have them)
-}
 
 }  // namespace
 
