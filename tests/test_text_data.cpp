@@ -18,6 +18,7 @@ namespace autotp {
 namespace {
 
 using Ids = std::vector<int64_t>;
+using nlohmann::json;
 const std::string kFixtures = AUTOTP_SOURCE_DIR "/tests/data/tokenizers";
 
 std::string write(const std::string& path, const std::string& text) {
@@ -145,6 +146,58 @@ TEST(TextTokenizer, InstructionPromptMaskEndsAtTheTokenizersBoundary) {
   EXPECT_GT(common, 3u);
 }
 
+// A hand-made tokenizer.json whose BPE merges "\n" + "x" into one token, so an
+// instruction's output starting with "x" joins the prompt's last token.
+std::string merging_tokenizer_dir(const json& post_processor, const json& config) {
+  const std::string dir = test::make_temp_dir("tok_merge");
+  const json tokenizer = {
+      {"version", "1.0"},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", {{"\n", 0}, {"x", 1}, {"\nx", 2}, {"q", 3}}},
+        {"merges", json::array({json::array({"\n", "x"})})}}},
+      {"added_tokens", {{{"content", "<s>"}, {"id", 4}, {"special", true}}, {{"content", "</s>"}, {"id", 5}, {"special", true}}}},
+      {"post_processor", post_processor}};
+  std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+  if (!config.is_null()) std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  return dir;
+}
+
+json template_of(const json& single) {
+  return {{"type", "TemplateProcessing"},
+          {"single", single},
+          {"special_tokens",
+           {{"<s>", {{"id", "<s>"}, {"ids", {4}}, {"tokens", {"<s>"}}}},
+            {"</s>", {{"id", "</s>"}, {"ids", {5}}, {"tokens", {"</s>"}}}}}}};
+}
+
+TEST(TextTokenizer, PromptTokenMergedWithTheOutputIsLearned) {
+  const std::string dir = merging_tokenizer_dir(
+      template_of({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}),
+      {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+  const std::string path = write(dir + "/sft.jsonl", R"({"instruction": "q", "output": "xq"})"
+                                                     "\n");
+  DataOptions options;
+  options.seq_len = 6;
+  options.vocab_size = 6;
+  options.tokenizer = tok::load_model_tokenizer(dir);
+  const Example e = open_dataset(path, options)->get(0);
+  // "q\n" + "xq" = q, \nx, q: the prompt alone is q, \n; only q is common, so \nx is learned.
+  EXPECT_EQ(e.input_ids, (Ids{4, 3, 2, 3, 5, 5}));  // <s> q \nx q </s>, padded with </s>
+  EXPECT_EQ(e.labels, (Ids{kIgnoreLabel, 2, 3, 5, kIgnoreLabel, kIgnoreLabel}));
+}
+
+TEST(TextTokenizer, BosComesFromBeforeTheTextOnly) {
+  // single = [$A, </s>]: no BOS; </s> is the EOS.
+  const std::string dir = merging_tokenizer_dir(
+      template_of({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}),
+      nullptr);
+  auto t = tok::load_model_tokenizer(dir);
+  EXPECT_EQ(t->bos_id, std::nullopt);
+  EXPECT_EQ(t->eos_id, 5);
+  EXPECT_FALSE(t->add_bos);
+}
+
 TEST(TextTokenizer, ChoiceAndErrors) {
   const std::string empty_model = test::make_temp_dir("no_tokenizer");
   const std::string txt = write(empty_model + "/a.txt", "some text");
@@ -174,6 +227,10 @@ TEST(TextTokenizer, ChoiceAndErrors) {
   const std::string messages = error_of([&] { open_dataset(chat, options); });
   EXPECT_NE(messages.find("line 1"), std::string::npos) << messages;
   EXPECT_NE(messages.find("chat_template"), std::string::npos) << messages;
+  // Invalid UTF-8 (here an overlong NUL) names the file.
+  const std::string bad_text = write(empty_model + "/bad.txt", "ok \xC0\x80");
+  const std::string utf8 = error_of([&] { open_dataset(bad_text, options); });
+  EXPECT_NE(utf8.find(bad_text + ": the text is not valid UTF-8 (byte 3 of 5)"), std::string::npos) << utf8;
   // A token file has no prompt mask.
   const std::string sft = write(empty_model + "/sft.jsonl", R"({"instruction": "a", "output": "b"})"
                                                             "\n");

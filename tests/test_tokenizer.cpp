@@ -64,8 +64,14 @@ TEST(BpeModel, ByteFallbackAndUnknowns) {
   EXPECT_EQ(make(bpe_model(small, json::array(), {{"unk_token", "<unk>"}})).encode("xya"), Ids({0, 0, 1}));
   EXPECT_EQ(make(bpe_model(small, json::array(), {{"unk_token", "<unk>"}, {"fuse_unk", true}})).encode("xya"),
             Ids({0, 1}));
-  const std::string none = error_of([&] { make(bpe_model(small, json::array())).encode("x"); });
-  EXPECT_NE(none.find("no unk_token"), std::string::npos) << none;
+  // An open unknown goes after byte-fallback tokens, as HF orders them: x has no
+  // bytes here (only C3 and A9 do), é has.
+  json partial = {{"<unk>", 0}, {"a", 1}, {"<0xC3>", 2}, {"<0xA9>", 3}};
+  EXPECT_EQ(make(bpe_model(partial, json::array(), {{"byte_fallback", true}, {"unk_token", "<unk>"}, {"fuse_unk", true}}))
+                .encode("x\u00e9ya"),
+            Ids({2, 3, 0, 1}));
+  // Without an unk_token HF drops what it cannot encode.
+  EXPECT_EQ(make(bpe_model(small, json::array())).encode("xay"), Ids({1}));
 }
 
 // A Unigram vocab: [[piece, score], ...] in id order.
@@ -228,17 +234,54 @@ TEST(Tokenizer, SplitBehaviours) {
 
 TEST(Tokenizer, UnsupportedPartsAreNamed) {
   const json model = bpe_model({{"a", 0}}, json::array());
-  EXPECT_NE(error_of([&] { make(model, {{"normalizer", {{"type", "NFKC"}}}}); }).find("normalizer 'NFKC'"),
+  EXPECT_NE(error_of([&] { make(model, {{"normalizer", {{"type", "NmtNormalizer"}}}}); }).find("normalizer 'Nmt"),
             std::string::npos);
   EXPECT_NE(error_of([&] { make(model, {{"pre_tokenizer", {{"type", "Digits"}}}}); }).find("pre-tokenizer 'Digits'"),
             std::string::npos);
   EXPECT_NE(error_of([&] { make({{"type", "WordLevel"}, {"vocab", json::object()}}); }).find("'WordLevel'"),
             std::string::npos);
   EXPECT_NE(error_of([&] { make(bpe_model({{"a", 0}}, {"a b"})); }).find("merge 'a b'"), std::string::npos);
-  EXPECT_NE(error_of([&] { make(model).encode("\xC3"); }).find("not valid UTF-8"), std::string::npos);
+  // RFC 3629: truncated, overlong, surrogate and above U+10FFFF are all refused.
+  for (const char* bad : {"\xC3", "\xC0\x80", "\xE0\x80\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xF5\x80\x80\x80"})
+    EXPECT_NE(error_of([&] { make(model).encode(std::string("a") + bad); }).find("not valid UTF-8 (byte 1 of"),
+              std::string::npos)
+        << json(std::string(bad)).dump();
+  EXPECT_EQ(make(model).encode("a\xF4\x8F\xBF\xBF", false).size(), 1u);  // U+10FFFF is valid (and unknown: dropped)
+  // A malformed file: a missing key or a wrong type names the file, never a crash.
+  for (const json& normalizer : {json{{"type", "Prepend"}}, json{{"type", "Sequence"}}, json{{"type", "Prepend"}, {"prepend", 5}}})
+    EXPECT_NE(error_of([&] { make(model, {{"normalizer", normalizer}}); }).find("tokenizer.json: not a tokenizer.json"),
+              std::string::npos)
+        << normalizer.dump();
+  EXPECT_NE(error_of([&] { make(model, {{"added_tokens", {{{"content", "<x>"}}}}}); }).find("tokenizer.json: not a"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make(bpe_model({{"a", -7}}, json::array())); }).find("allowed: an integer id"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make(model, {{"added_tokens", {{{"content", "<x>"}, {"id", -1}}}}}); }).find("has id -1"),
+            std::string::npos);
   const json bad_regex = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_NE(error_of([&] { make(model, {{"pre_tokenizer", bad_regex}}); }).find("does not compile"),
             std::string::npos);
+}
+
+TEST(Tokenizer, UnicodeNormalFormsAndLowercase) {
+  // é precomposed (U+00E9) and decomposed (e + U+0301) are one token after NFC.
+  const json model = bpe_model({{"\u00e9", 0}, {"e", 1}, {"\u0301", 2}, {"f", 3}, {"i", 4}, {"\u00e0", 5}, {"b", 6}},
+                               json::array());
+  EXPECT_EQ(make(model, {{"normalizer", {{"type", "NFC"}}}}).encode("e\u0301\u00e9"), Ids({0, 0}));
+  EXPECT_EQ(make(model, {{"normalizer", {{"type", "NFD"}}}}).encode("\u00e9"), Ids({1, 2}));
+  EXPECT_EQ(make(model, {{"normalizer", {{"type", "NFKC"}}}}).encode("\ufb01"), Ids({3, 4}));  // the fi ligature
+  EXPECT_EQ(make(model, {{"normalizer", {{"type", "NFKD"}}}}).encode("\u00e9"), Ids({1, 2}));
+  EXPECT_EQ(make(model, {{"normalizer", {{"type", "Lowercase"}}}}).encode("\u00c0B"), Ids({5, 6}));
+}
+
+TEST(Tokenizer, StripsAndAddedTokenSpacesAreUnicodeWhiteSpace) {
+  const json model = bpe_model({{"a", 0}, {"<x>", 1}}, json::array());
+  // U+00A0 and U+3000 are White_Space, as Rust's char::is_whitespace says.
+  EXPECT_EQ(make(model, {{"normalizer", {{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}}}})
+                .encode("\u00a0a\u3000"),
+            Ids({0}));
+  const json added = {{"added_tokens", {{{"content", "<x>"}, {"id", 1}, {"lstrip", true}, {"rstrip", true}}}}};
+  EXPECT_EQ(make(model, added).encode("a\u00a0<x>\u3000 a"), Ids({0, 1, 0}));
 }
 
 // The fixtures: tokenizer.json files trained with HF's tokenizers library and the

@@ -17,11 +17,11 @@ bool is_text(const std::string& path) {
 
 std::shared_ptr<const tok::TextTokenizer> choose_tokenizer(const std::string& choice, const ModelSource& model,
                                                            const std::string& data_path) {
-  if (choice == "bytes" || !is_text(data_path)) return nullptr;
-  if (choice == "auto") return model.dir ? tok::load_model_tokenizer(*model.dir) : nullptr;
+  if (choice == "bytes") return nullptr;
+  if (choice == "auto") return model.dir && is_text(data_path) ? tok::load_model_tokenizer(*model.dir) : nullptr;
   AUTOTP_USER_CHECK(std::filesystem::is_directory(choice), "--tokenizer {}: not a directory (allowed: {})", choice,
                     kTokenizerChoices);
-  return tok::load_model_tokenizer(choice);
+  return is_text(data_path) ? tok::load_model_tokenizer(choice) : nullptr;
 }
 
 }  // namespace autotp

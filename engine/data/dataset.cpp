@@ -322,7 +322,7 @@ class InstructionDataset : public Dataset {
  public:
   struct Record {
     std::vector<uint32_t> tokens;  // BOS + prompt + output + EOS, cut to seq_len + 1
-    int64_t prompt_tokens;         // BOS + prompt bytes
+    int64_t prompt_tokens = 0;     // BOS + the prompt's tokens (masked out of the loss)
   };
 
   InstructionDataset(std::string path, std::vector<Record> records, const DataOptions& options,
@@ -476,11 +476,17 @@ JsonlContent read_jsonl(const std::string& path, const DataOptions& options, con
                       path, line_number);
     ++c.record_count;
 
-    if (c.kind == RecordKind::kText) {
-      append_document(string_field(path, line_number, record, "text"), tokenizer, c.text_tokens);
-      continue;
+    InstructionDataset::Record example;
+    try {
+      if (c.kind == RecordKind::kText) {
+        append_document(string_field(path, line_number, record, "text"), tokenizer, c.text_tokens);
+        continue;
+      }
+      example = instruction_tokens(path, line_number, record, tokenizer);
+    } catch (const UserError& e) {
+      if (std::string(e.what()).rfind(path, 0) == 0) throw;  // names the file already
+      throw_user_error("{}: line {}: {}", path, line_number, e.what());
     }
-    InstructionDataset::Record example = instruction_tokens(path, line_number, record, tokenizer);
     const bool cut = example.tokens.size() > max_tokens;
     if (cut) example.tokens.resize(max_tokens);
     // A prompt that fills the whole window leaves nothing to learn.
@@ -540,7 +546,11 @@ TokenizedText tokenize_documents(const std::string& path, const DataOptions& opt
     const std::string text = content.str();
     AUTOTP_USER_CHECK(!text.empty(), "{}: the file is empty; there is nothing to train on", path);
     out.tokens.reserve(text.size() / 3 + 2);
-    append_document(text, *tokenizer, out.tokens);  // the whole file is one document
+    try {
+      append_document(text, *tokenizer, out.tokens);  // the whole file is one document
+    } catch (const UserError& e) {
+      throw_user_error("{}: {}", path, e.what());
+    }
     if (progress) progress(text.size(), text.size());
     out.what = "text";
   }

@@ -9,6 +9,7 @@
 #ifdef AUTOTP_HAVE_ICU
 #include <unicode/uchar.h>
 #include <unicode/unorm2.h>
+#include <unicode/ustring.h>
 #include <unicode/utf16.h>
 #endif
 
@@ -168,6 +169,38 @@ void for_each_nfd(std::string_view utf8, Emit&& emit) {
   for (const auto& [ccc, c] : out) emit(c);
 }
 
+// NFC / NFKC / NFKD of `utf8` by ICU's tables, through UTF-16.
+std::string icu_normal_form(std::string_view utf8, const std::string& form) {
+  UErrorCode status = U_ZERO_ERROR;
+  const UNormalizer2* normalizer = form == "NFC"    ? unorm2_getNFCInstance(&status)
+                                   : form == "NFKC" ? unorm2_getNFKCInstance(&status)
+                                                    : unorm2_getNFKDInstance(&status);
+  auto check = [&](const char* what) {
+    if (U_FAILURE(status)) throw std::runtime_error(std::string("tokenizer: ICU ") + what + ": " + u_errorName(status));
+  };
+  check("normalizer");
+  std::u16string in(utf8.size() + 1, u'\0');
+  int32_t in_length = 0;
+  u_strFromUTF8(in.data(), static_cast<int32_t>(in.size()), &in_length, utf8.data(), static_cast<int32_t>(utf8.size()),
+                &status);
+  check("UTF-8 to UTF-16");
+  std::u16string out(static_cast<size_t>(in_length) * 4 + 16, u'\0');  // NFKD expands by at most 18 in theory
+  int32_t out_length = unorm2_normalize(normalizer, in.data(), in_length, out.data(), static_cast<int32_t>(out.size()),
+                                        &status);
+  if (status == U_BUFFER_OVERFLOW_ERROR) {
+    status = U_ZERO_ERROR;
+    out.assign(static_cast<size_t>(out_length) + 1, u'\0');
+    out_length = unorm2_normalize(normalizer, in.data(), in_length, out.data(), static_cast<int32_t>(out.size()), &status);
+  }
+  check(form.c_str());
+  std::string result(static_cast<size_t>(out_length) * 3 + 1, '\0');
+  int32_t result_length = 0;
+  u_strToUTF8(result.data(), static_cast<int32_t>(result.size()), &result_length, out.data(), out_length, &status);
+  check("UTF-16 to UTF-8");
+  result.resize(static_cast<size_t>(result_length));
+  return result;
+}
+
 #else
 
 [[noreturn]] void no_icu() { throw std::logic_error("tokenizer: BERT text rules need ICU"); }
@@ -180,6 +213,7 @@ template <typename Emit>
 void for_each_nfd(std::string_view, Emit&&) {
   no_icu();
 }
+std::string icu_normal_form(std::string_view, const std::string&) { no_icu(); }
 
 #endif
 
@@ -191,6 +225,21 @@ void require_icu([[maybe_unused]] const std::string& what) {
 }
 
 }  // namespace
+
+void require_unicode_tables(const std::string& what) { require_icu(what); }
+
+std::string unicode_normal_form(std::string_view text, const std::string& form) {
+  if (form != "NFD") return icu_normal_form(text, form);
+  std::string out;
+  for_each_nfd(text, [&](char32_t c) { append_utf8(out, c); });
+  return out;
+}
+
+std::string unicode_lowercase(std::string_view text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) append_lowercase(out, next_code_point(text, i));
+  return out;
+}
 
 BertNormalizer::BertNormalizer(const nlohmann::json& j, const std::string& where) {
   require_icu(where + ": normalizer 'BertNormalizer'");

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+
 #include <limits>
 #include <queue>
 
@@ -13,7 +15,8 @@ namespace autotp::tok {
 BpeModel::BpeModel(const nlohmann::json& model, const std::string& where) {
   AUTOTP_USER_CHECK(model.contains("vocab") && model["vocab"].is_object(), "{}: model.vocab must be an object", where);
   for (auto& [token, id] : model["vocab"].items()) {
-    AUTOTP_USER_CHECK(id.is_number_integer(), "{}: model.vocab['{}'] is not an integer id", where, token);
+    AUTOTP_USER_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= UINT32_MAX,
+                      "{}: model.vocab['{}'] is {} (allowed: an integer id 0..2^32-1)", where, token, id.dump());
     vocab_[token] = id.get<int64_t>();
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
@@ -52,7 +55,8 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& where) {
     auto ia = vocab_.find(a), ib = vocab_.find(b), merged = vocab_.find(a + b);
     AUTOTP_USER_CHECK(ia != vocab_.end() && ib != vocab_.end() && merged != vocab_.end(),
                       "{}: merge '{} {}' names a token that is not in the vocabulary", where, a, b);
-    merges_.emplace(std::make_pair(ia->second, ib->second), Merge{rank++, merged->second});
+    // A repeated pair takes its last rank, as HF's map built in file order does.
+    merges_[std::make_pair(ia->second, ib->second)] = Merge{rank++, merged->second};
   }
 }
 
@@ -65,29 +69,31 @@ void BpeModel::encode_word(std::string_view word, std::vector<int64_t>& ids) con
       return;
     }
   }
+  // An unknown is held open as HF holds it: a vocabulary character closes it, byte
+  // fallback tokens do not (they go before it), and with fuse_unk the next unknown
+  // joins it. Without an unk_token HF drops the character.
   std::vector<int64_t> symbols;
-  bool last_unk = false;
+  bool unk_open = false;
   for (size_t i = 0; i < word.size();) {
     const size_t n = std::min(utf8_length(static_cast<unsigned char>(word[i])), word.size() - i);
     auto it = vocab_.find(std::string(word.substr(i, n)));
     if (it != vocab_.end()) {
+      if (unk_open) symbols.push_back(unk_id_);
+      unk_open = false;
       symbols.push_back(it->second);
-      last_unk = false;
     } else if (byte_fallback_ && [&] {
                  for (size_t k = 0; k < n; ++k)
                    if (byte_ids_[static_cast<unsigned char>(word[i + k])] < 0) return false;
                  return true;
                }()) {
       for (size_t k = 0; k < n; ++k) symbols.push_back(byte_ids_[static_cast<unsigned char>(word[i + k])]);
-      last_unk = false;
-    } else {
-      AUTOTP_USER_CHECK(unk_id_ >= 0, "tokenizer: '{}' is not in the vocabulary and the BPE model has no unk_token",
-                        std::string(word.substr(i, n)));
-      if (!(fuse_unk_ && last_unk)) symbols.push_back(unk_id_);
-      last_unk = true;
+    } else if (unk_id_ >= 0) {
+      if (unk_open && !fuse_unk_) symbols.push_back(unk_id_);
+      unk_open = true;
     }
     i += n;
   }
+  if (unk_open) symbols.push_back(unk_id_);
   // Merge the adjacent pair of lowest rank (the leftmost among equals) until none is
   // left, with a heap over a linked list as HF's Word::merge_all does (linear
   // rescans are quadratic on the long words of a Metaspace without split). An

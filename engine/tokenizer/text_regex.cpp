@@ -10,12 +10,14 @@ namespace autotp::tok {
 
 struct TextRegex::Impl {
   pcre2_code* code = nullptr;
+  std::string where;
   ~Impl() {
     if (code) pcre2_code_free(code);
   }
 };
 
 TextRegex::TextRegex(const std::string& pattern, const std::string& where) : impl_(std::make_unique<Impl>()) {
+  impl_->where = where;
   int error = 0;
   PCRE2_SIZE offset = 0;
   // UCP: \s, \w, \d and the POSIX classes by Unicode properties, as Oniguruma's (HF's) do.
@@ -41,7 +43,14 @@ std::vector<std::pair<size_t, size_t>> TextRegex::find_all(std::string_view text
   while (start <= text.size()) {
     const int rc = pcre2_match(impl_->code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start,
                                PCRE2_NO_UTF_CHECK, data, nullptr);
-    if (rc < 0) break;  // no more matches (or an invalid subject, which the caller has checked)
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {  // a match limit or memory: never a silently unsplit rest of the text
+      pcre2_match_data_free(data);
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof message);
+      throw_user_error("{}: the pre-tokenizer regex failed at byte {} of {}: {}", impl_->where, start, text.size(),
+                       reinterpret_cast<const char*>(message));
+    }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
     const size_t begin = ovector[0], end = ovector[1];
     if (end == begin) {  // empty match: not a split; step one code point on

@@ -94,7 +94,7 @@ nlohmann::json optional_json(const std::string& path, const char* what) {
 // then what the tokenizer itself says (its model or its post-processor's template).
 void resolve_special_tokens(const std::string& dir, TextTokenizer& t,
                             const std::function<std::optional<int64_t>(const std::string&)>& id_of,
-                            const std::vector<int64_t>& template_ids) {
+                            const std::vector<int64_t>& prefix, const std::vector<int64_t>& suffix) {
   const std::string config_path = dir + "/tokenizer_config.json";
   const nlohmann::json tokenizer_config = optional_json(config_path, "tokenizer config");
   const nlohmann::json model_config = optional_json(dir + "/config.json", "model config");
@@ -114,13 +114,14 @@ void resolve_special_tokens(const std::string& dir, TextTokenizer& t,
       *s.id = id;
     }
   }
-  // A template that puts tokens around the text (Llama's <s> ..., BERT's [CLS] ... [SEP]).
-  if (!t.bos_id && !template_ids.empty()) t.bos_id = template_ids.front();
-  if (!t.eos_id && template_ids.size() >= 2) t.eos_id = template_ids.back();
+  // A template that puts tokens around the text (Llama's <s> ..., BERT's [CLS] ... [SEP]):
+  // BOS from before the text only, EOS from after it only.
+  if (!t.bos_id && !prefix.empty()) t.bos_id = prefix.front();
+  if (!t.eos_id && !suffix.empty()) t.eos_id = suffix.back();
   if (tokenizer_config.contains("add_bos_token") && tokenizer_config.at("add_bos_token").is_boolean())
     t.add_bos = tokenizer_config.at("add_bos_token").get<bool>() && t.bos_id.has_value();
-  else if (!template_ids.empty())
-    t.add_bos = t.bos_id && template_ids.front() == *t.bos_id;
+  else if (!prefix.empty())
+    t.add_bos = t.bos_id && prefix.front() == *t.bos_id;
   if (!t.pad_id) t.pad_id = t.eos_id ? *t.eos_id : 0;
   for (const auto* id : {&t.bos_id, &t.eos_id, &t.pad_id})
     AUTOTP_USER_CHECK(!*id || (**id >= 0 && **id < t.vocab_size()),
@@ -146,19 +147,20 @@ std::shared_ptr<const TextTokenizer> load_model_tokenizer(const std::string& dir
     auto t = std::make_shared<JsonTokenizer>(Tokenizer::from_file(json_path), json_path);
     const Tokenizer& inner = t->tokenizer();
     resolve_special_tokens(
-        dir, *t, [&](const std::string& token) { return inner.token_id(token); }, inner.encode("", true));
+        dir, *t, [&](const std::string& token) { return inner.token_id(token); }, inner.special_prefix(),
+        inner.special_suffix());
     return t;
   }
   if (std::filesystem::exists(model_path)) {
     auto t = std::make_shared<SentencePieceTokenizer>(model_path);
     const SentencePieceModel& inner = t->model();
     resolve_special_tokens(
-        dir, *t, [&](const std::string& token) { return inner.piece_id(token); }, {});
+        dir, *t, [&](const std::string& token) { return inner.piece_id(token); }, {}, {});
     return t;
   }
   throw_user_error(
       "{}: the model directory has no tokenizer (looked for tokenizer.json and tokenizer.model); copy the model's "
-      "tokenizer files there, or pass --tokenizer bytes to train on byte ids (the presets' byte-level tokenizer)",
+      "tokenizer files there, or train on byte ids with --tokenizer bytes (a scenario: \"tokenizer\": \"bytes\")",
       dir);
 }
 

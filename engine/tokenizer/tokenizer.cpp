@@ -12,6 +12,7 @@
 #include "autotp/tokenizer/bert_text.h"
 #include "autotp/tokenizer/bpe_model.h"
 #include "autotp/tokenizer/text_regex.h"
+#include "autotp/tokenizer/utf8.h"
 #include "autotp/tokenizer/unigram_model.h"
 #include "autotp/tokenizer/wordpiece_model.h"
 
@@ -42,19 +43,51 @@ std::vector<std::string> byte_to_unicode() {
   return out;
 }
 
-bool valid_utf8(std::string_view s) {
+// RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF (PCRE2 is
+// told the text is valid and must not see such bytes). Returns the offset of the
+// first invalid byte, or npos.
+size_t invalid_utf8_at(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
+    const size_t n = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
     for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return i;
+    if (n >= 3) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 > 0x9F) || (c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 > 0x8F))
+        return i;
+    }
     i += n;
   }
-  return true;
+  return std::string_view::npos;
 }
 
-bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+// Unicode White_Space (HF: Rust's char::is_whitespace): the length in bytes of the
+// space character ending before `end` / starting at `at`, 0 if none.
+bool is_space_code_point(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+uint32_t decode_at(std::string_view s, size_t at, size_t n) {
+  uint32_t c = n == 1 ? static_cast<unsigned char>(s[at]) : static_cast<unsigned char>(s[at]) & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) c = (c << 6) | (static_cast<unsigned char>(s[at + k]) & 0x3F);
+  return c;
+}
+size_t space_at(std::string_view s, size_t at) {
+  if (at >= s.size()) return 0;
+  const size_t n = std::min(utf8_length(static_cast<unsigned char>(s[at])), s.size() - at);
+  return is_space_code_point(decode_at(s, at, n)) ? n : 0;
+}
+size_t space_before(std::string_view s, size_t end) {
+  size_t b = end;
+  while (b > 0 && (static_cast<unsigned char>(s[b - 1]) & 0xC0) == 0x80 && end - b < 3) --b;
+  if (b == 0) return 0;
+  --b;
+  return end - b == utf8_length(static_cast<unsigned char>(s[b])) && is_space_code_point(decode_at(s, b, end - b))
+             ? end - b
+             : 0;
+}
 
 // A piece of text on its way through the pipeline; `first`: it starts the input
 // (Metaspace's prepend_scheme "first").
@@ -78,9 +111,9 @@ std::string replace_all(std::string text, const std::string& from, const std::st
 // A Split-style pattern: {"String": s} or {"Regex": r}.
 TextRegex pattern_regex(const json& pattern, const std::string& where) {
   AUTOTP_USER_CHECK(pattern.is_object(), "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
-  if (pattern.contains("String")) return TextRegex(regex_escape(pattern["String"].get<std::string>()), where);
+  if (pattern.contains("String")) return TextRegex(regex_escape(pattern.at("String").get<std::string>()), where);
   AUTOTP_USER_CHECK(pattern.contains("Regex"), "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
-  return TextRegex(pattern["Regex"].get<std::string>(), where);
+  return TextRegex(pattern.at("Regex").get<std::string>(), where);
 }
 
 Normalizer make_normalizer(const json& j, const std::string& where) {
@@ -88,23 +121,23 @@ Normalizer make_normalizer(const json& j, const std::string& where) {
   const std::string type = j.value("type", "");
   if (type == "Sequence") {
     std::vector<Normalizer> parts;
-    for (const auto& n : j["normalizers"]) parts.push_back(make_normalizer(n, where));
+    for (const auto& n : j.at("normalizers")) parts.push_back(make_normalizer(n, where));
     return [parts](std::string s) {
       for (const auto& p : parts) s = p(std::move(s));
       return s;
     };
   }
   if (type == "Prepend") {
-    const std::string prepend = j["prepend"];
+    const std::string prepend = j.at("prepend");
     return [prepend](std::string s) { return s.empty() ? s : prepend + s; };
   }
   if (type == "Replace") {
-    const std::string content = j["content"];
-    if (j["pattern"].contains("String")) {
-      const std::string from = j["pattern"]["String"];
+    const std::string content = j.at("content");
+    if (j.at("pattern").contains("String")) {
+      const std::string from = j.at("pattern").at("String");
       return [from, content](std::string s) { return replace_all(std::move(s), from, content); };
     }
-    auto re = std::make_shared<TextRegex>(pattern_regex(j["pattern"], where + ": Replace"));
+    auto re = std::make_shared<TextRegex>(pattern_regex(j.at("pattern"), where + ": Replace"));
     return [re, content](std::string s) {
       std::string out;
       size_t at = 0;
@@ -116,8 +149,8 @@ Normalizer make_normalizer(const json& j, const std::string& where) {
     const bool left = j.value("strip_left", true), right = j.value("strip_right", true);
     return [left, right](std::string s) {
       size_t b = 0, e = s.size();
-      while (left && b < e && is_space(static_cast<unsigned char>(s[b]))) ++b;
-      while (right && e > b && is_space(static_cast<unsigned char>(s[e - 1]))) --e;
+      for (size_t n; left && b < e && (n = space_at(s, b)) > 0;) b += n;
+      for (size_t n; right && e > b && (n = space_before(s, e)) > 0;) e -= n;
       return s.substr(b, e - b);
     };
   }
@@ -125,7 +158,16 @@ Normalizer make_normalizer(const json& j, const std::string& where) {
     auto bert = std::make_shared<BertNormalizer>(j, where);
     return [bert](std::string s) { return bert->normalize(s); };
   }
-  throw_user_error("{}: normalizer '{}' is not supported (allowed: Sequence, Prepend, Replace, Strip, BertNormalizer)",
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    require_unicode_tables(where + ": normalizer '" + type + "'");
+    return [type](std::string s) { return unicode_normal_form(s, type); };
+  }
+  if (type == "Lowercase") {
+    require_unicode_tables(where + ": normalizer 'Lowercase'");
+    return [](std::string s) { return unicode_lowercase(s); };
+  }
+  throw_user_error("{}: normalizer '{}' is not supported (allowed: Sequence, Prepend, Replace, Strip, NFC, NFD, NFKC, "
+                   "NFKD, Lowercase, BertNormalizer)",
                    where, type);
 }
 
@@ -174,7 +216,7 @@ PreTokenizer make_pre_tokenizer(const json& j, const std::string& where) {
   const std::string type = j.value("type", "");
   if (type == "Sequence") {
     std::vector<PreTokenizer> parts;
-    for (const auto& p : j["pretokenizers"]) parts.push_back(make_pre_tokenizer(p, where));
+    for (const auto& p : j.at("pretokenizers")) parts.push_back(make_pre_tokenizer(p, where));
     return [parts](std::vector<Piece> pieces) {
       for (const auto& p : parts) pieces = p(std::move(pieces));
       return pieces;
@@ -188,7 +230,7 @@ PreTokenizer make_pre_tokenizer(const json& j, const std::string& where) {
       std::vector<Piece> out;
       for (auto& p : pieces) {
         std::string text = std::move(p.text);
-        if (prefix && (text.empty() || text[0] != ' ')) text = " " + text;
+        if (prefix && !text.empty() && text[0] != ' ') text = " " + text;  // HF prepends nothing to ""
         std::vector<std::string> words = use_regex ? split_by(text, *re, "Isolated", false, "") : std::vector{text};
         for (auto& w : words) {
           std::string mapped;
@@ -200,7 +242,7 @@ PreTokenizer make_pre_tokenizer(const json& j, const std::string& where) {
     };
   }
   if (type == "Split") {
-    auto re = std::make_shared<TextRegex>(pattern_regex(j["pattern"], where + ": Split"));
+    auto re = std::make_shared<TextRegex>(pattern_regex(j.at("pattern"), where + ": Split"));
     const std::string behavior = j.value("behavior", "Isolated");
     const bool invert = j.value("invert", false);
     split_by("", *re, behavior, invert, where + ": Split");  // checks the behavior now
@@ -306,21 +348,21 @@ struct Tokenizer::Impl {
     if (j.is_null()) return;
     const std::string type = j.value("type", "");
     if (type == "Sequence") {
-      for (const auto& p : j["processors"]) read_post_processor(p, where);
+      for (const auto& p : j.at("processors")) read_post_processor(p, where);
     } else if (type == "ByteLevel") {
       // offsets only
     } else if (type == "TemplateProcessing") {
       bool before = true;
-      for (const auto& item : j["single"]) {
+      for (const auto& item : j.at("single")) {
         if (item.contains("Sequence")) {
           AUTOTP_USER_CHECK(before, "{}: TemplateProcessing with more than one sequence in 'single'", where);
           before = false;
           continue;
         }
-        const std::string name = item["SpecialToken"]["id"];
-        AUTOTP_USER_CHECK(j["special_tokens"].contains(name), "{}: TemplateProcessing names '{}' without ids", where,
+        const std::string name = item.at("SpecialToken").at("id");
+        AUTOTP_USER_CHECK(j.at("special_tokens").contains(name), "{}: TemplateProcessing names '{}' without ids", where,
                           name);
-        for (const auto& id : j["special_tokens"][name]["ids"])
+        for (const auto& id : j.at("special_tokens").at(name).at("ids"))
           (before ? prefix_ids : suffix_ids).push_back(id.get<int64_t>());
       }
     } else {
@@ -343,17 +385,28 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer Tokenizer::from_file(const std::string& path) { return from_json(read_json_file(path, "tokenizer"), path); }
 
 Tokenizer Tokenizer::from_json(const json& j, const std::string& source) {
+  // A key missing or of the wrong type deep in the file: one error naming it.
+  try {
+    return read(j, source);
+  } catch (const json::exception& e) {
+    throw_user_error("{}: not a tokenizer.json this reader understands: {}", source, e.what());
+  }
+}
+
+Tokenizer Tokenizer::read(const json& j, const std::string& source) {
   Tokenizer t;
   Impl& m = *t.impl_;
-  AUTOTP_USER_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: no 'model' object", source);
-  m.model = make_model(j["model"], source);
+  AUTOTP_USER_CHECK(j.is_object() && j.contains("model") && j.at("model").is_object(), "{}: no 'model' object", source);
+  m.model = make_model(j.at("model"), source);
   m.normalizer = make_normalizer(j.value("normalizer", json()), source);
   m.pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()), source);
   m.read_post_processor(j.value("post_processor", json()), source);
   for (const auto& [token, id] : m.model->vocab()) m.vocab_size = std::max(m.vocab_size, id + 1);
   for (const auto& a : j.value("added_tokens", json::array())) {
-    AddedToken token{a["content"].get<std::string>(), a["id"].get<int64_t>(), a.value("lstrip", false),
+    AddedToken token{a.at("content").get<std::string>(), a.at("id").get<int64_t>(), a.value("lstrip", false),
                      a.value("rstrip", false)};
+    AUTOTP_USER_CHECK(token.id >= 0 && token.id <= UINT32_MAX, "{}: added token '{}' has id {} (allowed: 0..2^32-1)",
+                      source, token.content, token.id);
     AUTOTP_USER_CHECK(!a.value("single_word", false), "{}: added token '{}' with single_word is not supported", source,
                       token.content);
     if (token.content.empty()) continue;
@@ -370,7 +423,8 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& source) {
 
 std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   const Impl& m = *impl_;
-  AUTOTP_USER_CHECK(valid_utf8(text), "tokenizer: the text is not valid UTF-8");
+  const size_t bad = invalid_utf8_at(text);
+  AUTOTP_USER_CHECK(bad == std::string_view::npos, "the text is not valid UTF-8 (byte {} of {})", bad, text.size());
   std::vector<int64_t> ids;
   if (add_special_tokens) ids = m.prefix_ids;
   // Added tokens first (leftmost, then longest), the text between them through the pipeline.
@@ -393,9 +447,9 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
     }
     size_t b = i, e = i + hit->content.size();
     if (hit->lstrip)
-      while (b > start && is_space(static_cast<unsigned char>(text[b - 1]))) --b;
+      for (size_t n; b > start && (n = space_before(text, b)) > 0;) b -= n;
     if (hit->rstrip)
-      while (e < text.size() && is_space(static_cast<unsigned char>(text[e]))) ++e;
+      for (size_t n; (n = space_at(text, e)) > 0;) e += n;
     flush(b);
     ids.push_back(hit->id);
     start = i = e;
@@ -406,6 +460,8 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+const std::vector<int64_t>& Tokenizer::special_prefix() const { return impl_->prefix_ids; }
+const std::vector<int64_t>& Tokenizer::special_suffix() const { return impl_->suffix_ids; }
 
 std::optional<int64_t> Tokenizer::token_id(const std::string& token) const {
   auto it = impl_->added_ids.find(token);

@@ -22,7 +22,8 @@ WordPieceModel::WordPieceModel(const nlohmann::json& model, const std::string& w
                     "{}: model.max_input_chars_per_word must be a non-negative integer", where);
   max_chars_ = max_chars.get<size_t>();
   for (auto& [token, id] : model["vocab"].items()) {
-    AUTOTP_USER_CHECK(id.is_number_integer(), "{}: model.vocab['{}'] is not an integer id", where, token);
+    AUTOTP_USER_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() <= UINT32_MAX,
+                      "{}: model.vocab['{}'] is {} (allowed: an integer id 0..2^32-1)", where, token, id.dump());
     vocab_[token] = id.get<int64_t>();
     max_first_bytes_ = std::max(max_first_bytes_, token.size());
     if (token.compare(0, prefix_.size(), prefix_) == 0)

@@ -15,8 +15,9 @@ namespace autotp::tok {
 class TextTokenizer {
  public:
   virtual ~TextTokenizer();
-  // Appends the ids of `text` with no special token added (added and special tokens
-  // written in the text are still matched, as HF does).
+  // Appends the ids of `text` with no special token added. tokenizer.json: added and
+  // special tokens written in the text are still matched, as HF does; tokenizer.model:
+  // sentencepiece's EncodeAsIds, which reads "<s>" in text as plain text.
   virtual void encode(std::string_view text, std::vector<int64_t>& ids) const = 0;
   // One more than the largest id it can produce.
   virtual int64_t vocab_size() const = 0;

@@ -32,7 +32,7 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  // The ids of `text` (UTF-8; invalid UTF-8 is a UserError). add_special_tokens: the
+  // The ids of `text` (UTF-8 as RFC 3629 defines it; anything else is a UserError). add_special_tokens: the
   // post-processor's tokens (BOS ...), as HF's encode(add_special_tokens=True).
   std::vector<int64_t> encode(std::string_view text, bool add_special_tokens = true) const;
 
@@ -40,8 +40,13 @@ class Tokenizer {
   int64_t vocab_size() const;
   std::optional<int64_t> token_id(const std::string& token) const;
 
+  // The post-processor's ids before and after the sequence (BOS ..., ... EOS).
+  const std::vector<int64_t>& special_prefix() const;
+  const std::vector<int64_t>& special_suffix() const;
+
  private:
   Tokenizer();
+  static Tokenizer read(const nlohmann::json& json, const std::string& source);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
