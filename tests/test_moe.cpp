@@ -36,7 +36,7 @@ TEST(MoeConfig, ClassDefaultsAndSparseLayers) {
   // Keys absent: the config classes' defaults.
   json mixtral = test::preset_config("mixtral-tiny");
   for (const char* key : {"num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
-                          "rms_norm_eps", "rope_theta", "sliding_window"})
+                          "rms_norm_eps", "rope_theta", "sliding_window", "max_position_embeddings"})
     mixtral.erase(key);
   const ModelConfig m = ModelConfig::from_json(mixtral, "config.json");
   EXPECT_EQ(m.num_experts, 8);
@@ -49,11 +49,13 @@ TEST(MoeConfig, ClassDefaultsAndSparseLayers) {
   EXPECT_DOUBLE_EQ(m.norm_eps, 1e-5);
   EXPECT_DOUBLE_EQ(m.rope_theta, 1e6);
   EXPECT_EQ(m.sliding_window_of(0), 0);  // MixtralConfig: no window unless set
+  EXPECT_EQ(m.max_positions, 131072);     // 4096 * 32
   EXPECT_EQ(m.expert_module(1, 3, 1), "model.layers.1.block_sparse_moe.experts.3.w3");
 
   json qwen2 = test::preset_config("qwen2-moe-tiny");
   for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
-                          "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"})
+                          "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                          "max_position_embeddings"})
     qwen2.erase(key);
   const ModelConfig q2 = ModelConfig::from_json(qwen2, "config.json");
   EXPECT_EQ(q2.num_experts, 60);
@@ -63,6 +65,8 @@ TEST(MoeConfig, ClassDefaultsAndSparseLayers) {
   EXPECT_FALSE(q2.norm_topk_prob);
   EXPECT_TRUE(q2.qkv_bias);
   EXPECT_EQ(q2.sparse_layers, std::vector<bool>({true, true, true}));
+  EXPECT_EQ(q2.max_positions, 32768);
+  EXPECT_EQ(parse("llama-tiny", {{"max_position_embeddings", nullptr}}).max_positions, 2048);
   EXPECT_EQ(q2.expert_module(0, 2, 2), "model.layers.0.mlp.experts.2.down_proj");
 
   // Sparse on every decoder_sparse_step-th layer that mlp_only_layers does not list.

@@ -5,12 +5,24 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
 
 namespace autotp {
 namespace {
+
+// The transformers config classes' max_position_embeddings defaults (only dynamic /
+// llama3 / yarn rope scaling reads it; real config.json files set it).
+int64_t default_max_positions(const std::string& architecture) {
+  static const std::map<std::string, int64_t> defaults = {
+      {"MistralForCausalLM", 131072}, {"MixtralForCausalLM", 131072}, {"Gemma3ForCausalLM", 131072},
+      {"Qwen2ForCausalLM", 32768},    {"Qwen3ForCausalLM", 32768},    {"Qwen2MoeForCausalLM", 32768},
+      {"Qwen3MoeForCausalLM", 32768}, {"Phi3ForCausalLM", 4096},      {"Gemma2ForCausalLM", 8192}};
+  const auto it = defaults.find(architecture);
+  return it == defaults.end() ? 2048 : it->second;  // LlamaConfig's
+}
 
 using nlohmann::json;
 
@@ -171,7 +183,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
                     c.num_heads, c.num_kv_heads);
   AUTOTP_USER_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for rotary embeddings", source,
                     c.head_dim);
-  c.max_positions = get_or<int64_t>(j, "max_position_embeddings", 2048);
+  c.max_positions = get_or<int64_t>(j, "max_position_embeddings", default_max_positions(c.architecture));
   c.norm_eps = get_or<double>(j, "rms_norm_eps", c.architecture == "Phi3ForCausalLM" || mixtral ? 1e-5 : 1e-6);
   c.rope_theta = get_or<double>(j, "rope_theta", gemma3 || mixtral ? 1000000.0 : 10000.0);
   AUTOTP_USER_CHECK(!j.contains("rope_parameters"),
