@@ -3,6 +3,7 @@
 // closed form and a misplaced chunk fails loudly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 #include <thread>
@@ -343,6 +344,48 @@ AUTOTP_WORKER(autograd_gather_and_scatter) {
   }
 }
 
+// The sequence-parallel pair along dim 1 of [2, T, 3] with the remainder rule
+// (T = 8, 7 and 3: even, uneven, and fewer tokens than ranks at world 4):
+// gather_from_sp's backward sums every rank's gradient of this rank's slice;
+// reduce_scatter_to_sp's forward is that sum, its backward an all-gather.
+AUTOTP_WORKER(autograd_sequence_parallel) {
+  Comm& comm = world_comm(ctx);
+  const int r = comm.rank(), w = comm.size();
+  auto block = [](int q, int64_t length) {  // [2, length, 3], distinct per q
+    return rank_block(q, 2 * length, 3).reshape({2, length, 3});
+  };
+  for (int64_t length : {8, 7, 3}) {
+    const std::string label = " (T " + std::to_string(length) + ")";
+    const std::vector<int64_t> sizes = autotp::sequence_shard_sizes(length, w);
+    WORKER_CHECK(std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) == length, "sizes do not add up");
+    WORKER_CHECK(sizes.front() - sizes.back() <= 1 && std::is_sorted(sizes.rbegin(), sizes.rend()),
+                 "the first ranks take the remainder");
+    const int64_t offset = std::accumulate(sizes.begin(), sizes.begin() + r, int64_t{0});
+    auto sum_over_ranks = [&](int base) {
+      torch::Tensor total = torch::zeros({2, length, 3});
+      for (int q = 0; q < w; ++q) total += block(base + q, length);
+      return total;
+    };
+
+    std::vector<torch::Tensor> slices;
+    for (int q = 0; q < w; ++q)
+      slices.push_back(block(q, length).narrow(1, std::accumulate(sizes.begin(), sizes.begin() + q, int64_t{0}), sizes[q]));
+    torch::Tensor x = slices[r].clone().requires_grad_(true);
+    torch::Tensor y = autotp::gather_from_sp(x, comm, 1, sizes);
+    worker_expect_equal(y, torch::cat(slices, 1), "gather_from_sp forward" + label);
+    y.backward(block(10 + r, length));
+    worker_expect_equal(x.grad(), sum_over_ranks(10).narrow(1, offset, sizes[r]), "gather_from_sp backward" + label);
+
+    torch::Tensor full = block(20 + r, length).requires_grad_(true);
+    torch::Tensor shard = autotp::reduce_scatter_to_sp(full, comm, 1, sizes);
+    worker_expect_equal(shard, sum_over_ranks(20).narrow(1, offset, sizes[r]), "reduce_scatter_to_sp forward" + label);
+    std::vector<torch::Tensor> grads;
+    for (int q = 0; q < w; ++q) grads.push_back(block(30 + q, sizes[q]));
+    shard.backward(grads[r]);
+    worker_expect_equal(full.grad(), torch::cat(grads, 1), "reduce_scatter_to_sp backward" + label);
+  }
+}
+
 // Rank 1 leaves without taking part; rank 0's all-reduce must fail quickly with
 // an error naming the op and the group (not hang until the 60 s timeout).
 AUTOTP_WORKER(peer_exits) {
@@ -400,6 +443,7 @@ AUTOTP_WORKER_TEST_P(CollectivesTest, ReduceScatterEvenAndUneven, reduce_scatter
 AUTOTP_WORKER_TEST_P(CollectivesTest, StartedCollectivesKeepTheGroupOrder, started_collectives)
 AUTOTP_WORKER_TEST_P(CollectivesTest, AutogradCopyToAndReduceFrom, autograd_copy_and_reduce)
 AUTOTP_WORKER_TEST_P(CollectivesTest, AutogradGatherFromAndScatterTo, autograd_gather_and_scatter)
+AUTOTP_WORKER_TEST_P(CollectivesTest, AutogradSequenceParallelPair, autograd_sequence_parallel)
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {

@@ -100,7 +100,71 @@ struct ScatterToTp : torch::autograd::Function<ScatterToTp> {
   }
 };
 
+// Sum over the group, this rank's chunk of `dim` (Comm reduce-scatters rows).
+torch::Tensor reduce_scatter_along(Comm& comm, const torch::Tensor& full, int64_t dim,
+                                   const std::vector<int64_t>& sizes) {
+  if (comm.size() == 1) return full;
+  torch::Tensor rows = dim == 0 ? full.contiguous() : full.movedim(dim, 0).contiguous();
+  torch::Tensor chunk = comm.reduce_scatter(rows, sizes);
+  return dim == 0 ? chunk : chunk.movedim(0, dim).contiguous();
+}
+
+struct GatherFromSp : torch::autograd::Function<GatherFromSp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
+                               std::vector<int64_t> sizes) {
+    TORCH_CHECK(input.dim() > 0, "gather_from_sp: cannot gather a 0-dim tensor");
+    dim = c10::maybe_wrap_dim(dim, input.dim());
+    if (sizes.empty()) sizes.assign(comm->size(), input.size(dim));
+    ctx->saved_data["comm"] = comm_handle(*comm);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["sizes"] = sizes;
+    return comm->all_gather(input, dim, sizes);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t dim = ctx->saved_data.at("dim").toInt();
+    const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();
+    return {reduce_scatter_along(comm_from(ctx), grads[0], dim, sizes), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+struct ReduceScatterToSp : torch::autograd::Function<ReduceScatterToSp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
+                               const std::vector<int64_t>& sizes) {
+    TORCH_CHECK(input.dim() > 0, "reduce_scatter_to_sp: cannot scatter a 0-dim tensor");
+    dim = c10::maybe_wrap_dim(dim, input.dim());
+    std::vector<int64_t> extents = extents_for(*comm, sizes, input.size(dim), "reduce_scatter_to_sp");
+    ctx->saved_data["comm"] = comm_handle(*comm);
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["sizes"] = extents;
+    // A copy on one rank too: the shard must not alias the full tensor.
+    return comm->size() == 1 ? input.clone(at::MemoryFormat::Contiguous)
+                             : reduce_scatter_along(*comm, input, dim, extents);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t dim = ctx->saved_data.at("dim").toInt();
+    const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();
+    return {comm_from(ctx).all_gather(grads[0], dim, sizes), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+std::vector<int64_t> sequence_shard_sizes(int64_t length, int ranks) {
+  TORCH_CHECK(ranks >= 1 && length >= 0, "sequence_shard_sizes: length ", length, " over ", ranks, " ranks");
+  std::vector<int64_t> sizes(ranks, length / ranks);
+  for (int r = 0; r < length % ranks; ++r) ++sizes[r];
+  return sizes;
+}
+
+torch::Tensor gather_from_sp(const torch::Tensor& input, Comm& comm, int64_t dim, const std::vector<int64_t>& sizes) {
+  return GatherFromSp::apply(input, &comm, dim, sizes);
+}
+
+torch::Tensor reduce_scatter_to_sp(const torch::Tensor& input, Comm& comm, int64_t dim,
+                                   const std::vector<int64_t>& sizes) {
+  return ReduceScatterToSp::apply(input, &comm, dim, sizes);
+}
 
 torch::Tensor copy_to_tp(const torch::Tensor& input, Comm& comm) { return CopyToTp::apply(input, &comm); }
 

@@ -3,6 +3,10 @@
 //   reduce_from_tp: forward all-reduce (sum),     backward identity
 //   gather_from_tp: forward all-gather along dim, backward keep own slice
 //   scatter_to_tp:  forward keep own slice,       backward all-gather
+// and the sequence-parallel pair (Korthikanti et al. 2022), whose gathered side
+// is consumed by tp-split layers, so its gradient is a sum over the group:
+//   gather_from_sp:       forward all-gather along dim,     backward reduce-scatter (sum)
+//   reduce_scatter_to_sp: forward reduce-scatter along dim, backward all-gather
 // `sizes` lists every rank's extent along `dim` (uneven shards); empty = equal.
 #pragma once
 #include <torch/torch.h>
@@ -17,5 +21,14 @@ torch::Tensor gather_from_tp(const torch::Tensor& input, Comm& comm, int64_t dim
                              const std::vector<int64_t>& sizes = {});
 torch::Tensor scatter_to_tp(const torch::Tensor& input, Comm& comm, int64_t dim,
                             const std::vector<int64_t>& sizes = {});
+torch::Tensor gather_from_sp(const torch::Tensor& input, Comm& comm, int64_t dim,
+                             const std::vector<int64_t>& sizes = {});
+torch::Tensor reduce_scatter_to_sp(const torch::Tensor& input, Comm& comm, int64_t dim,
+                                   const std::vector<int64_t>& sizes = {});
+
+// The sequence's remainder rule: of `length` tokens, rank r of `ranks` holds
+// length / ranks, plus one for r < length % ranks (the first ranks take the rest,
+// as uneven heads do).
+std::vector<int64_t> sequence_shard_sizes(int64_t length, int ranks);
 
 }  // namespace autotp
