@@ -3,6 +3,7 @@
 #include <c10/core/WrapDimMinimal.h>
 
 #include <numeric>
+#include <utility>
 
 namespace autotp {
 namespace {
@@ -56,16 +57,22 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   }
 };
 
+// The forward of both gathers: all-gather along dim, remembering how to undo it.
+torch::Tensor gather_saving(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
+                            std::vector<int64_t> sizes, const char* op) {
+  TORCH_CHECK(input.dim() > 0, op, ": cannot gather a 0-dim tensor");
+  dim = c10::maybe_wrap_dim(dim, input.dim());
+  if (sizes.empty()) sizes.assign(comm->size(), input.size(dim));
+  ctx->saved_data["comm"] = comm_handle(*comm);
+  ctx->saved_data["dim"] = dim;
+  ctx->saved_data["sizes"] = sizes;
+  return comm->all_gather(input, dim, sizes);
+}
+
 struct GatherFromTp : torch::autograd::Function<GatherFromTp> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
                                std::vector<int64_t> sizes) {
-    TORCH_CHECK(input.dim() > 0, "gather_from_tp: cannot gather a 0-dim tensor");
-    dim = c10::maybe_wrap_dim(dim, input.dim());
-    if (sizes.empty()) sizes.assign(comm->size(), input.size(dim));
-    ctx->saved_data["comm"] = comm_handle(*comm);
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["sizes"] = sizes;
-    return comm->all_gather(input, dim, sizes);
+    return gather_saving(ctx, input, comm, dim, std::move(sizes), "gather_from_tp");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Comm& comm = comm_from(ctx);
@@ -112,13 +119,7 @@ torch::Tensor reduce_scatter_along(Comm& comm, const torch::Tensor& full, int64_
 struct GatherFromSp : torch::autograd::Function<GatherFromSp> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
                                std::vector<int64_t> sizes) {
-    TORCH_CHECK(input.dim() > 0, "gather_from_sp: cannot gather a 0-dim tensor");
-    dim = c10::maybe_wrap_dim(dim, input.dim());
-    if (sizes.empty()) sizes.assign(comm->size(), input.size(dim));
-    ctx->saved_data["comm"] = comm_handle(*comm);
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["sizes"] = sizes;
-    return comm->all_gather(input, dim, sizes);
+    return gather_saving(ctx, input, comm, dim, std::move(sizes), "gather_from_sp");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const int64_t dim = ctx->saved_data.at("dim").toInt();

@@ -1,6 +1,7 @@
 #include "autotp/tokenizer/bert_text.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <utility>
 
@@ -179,6 +180,9 @@ std::string icu_normal_form(std::string_view utf8, const std::string& form) {
     if (U_FAILURE(status)) throw std::runtime_error(std::string("tokenizer: ICU ") + what + ": " + u_errorName(status));
   };
   check("normalizer");
+  // ICU counts in int32: a piece that long (2 GB between added tokens) is refused, not truncated.
+  if (utf8.size() >= static_cast<size_t>(INT32_MAX) / 4)
+    throw_user_error("tokenizer: {} of a {}-byte piece of text: too long for ICU (split the text)", form, utf8.size());
   std::u16string in(utf8.size() + 1, u'\0');
   int32_t in_length = 0;
   u_strFromUTF8(in.data(), static_cast<int32_t>(in.size()), &in_length, utf8.data(), static_cast<int32_t>(utf8.size()),

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cstdint>
-
 #include <limits>
 #include <queue>
 

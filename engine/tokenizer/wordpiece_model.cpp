@@ -1,6 +1,7 @@
 #include "autotp/tokenizer/wordpiece_model.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "autotp/base/error.h"
 
