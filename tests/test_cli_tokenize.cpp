@@ -4,6 +4,7 @@
 // files is exit 2 for text data, never a silent byte-level run.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -72,6 +73,15 @@ TEST_F(CliTokenize, IdsEqualHfAndTrainingOnThemEqualsTrainingOnText) {
   std::vector<uint32_t> first;
   for (const auto& id : summary["first_ids"]) first.push_back(id.get<uint32_t>());
   EXPECT_EQ(std::vector<uint32_t>(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(first.size())), first);
+
+  // --dtype uint32: the same ids, four bytes each.
+  r = run_cli("tokenize --model " + model_ + " --data " + corpus + " --dtype uint32 --out " + dir_ + "/corpus32.bin");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string wide = test::read_file(dir_ + "/corpus32.bin");
+  ASSERT_EQ(wide.size(), (count + 2) * 4);
+  std::vector<uint32_t> wide_ids(count + 2);
+  std::memcpy(wide_ids.data(), wide.data(), wide.size());
+  EXPECT_EQ(wide_ids, ids);
 
   // Same examples, same losses.
   const std::string common = "train --config " + dir_ + "/ds.json --model " + model_ +
