@@ -28,7 +28,7 @@ std::string write(const std::string& path, const std::string& text) {
   return path;
 }
 
-json ds_config(int tp, int stage, const std::string& optimizer = "AdamW") {
+json ds_config(int tp, int stage, const std::string& optimizer = "AdamW", bool sequence_parallel = false) {
   json params = {{"lr", 1e-3}, {"weight_decay", 0.01}};
   if (optimizer != "SGD") params["eps"] = 1e-6;
   if (optimizer == "SGD") params = {{"lr", 0.05}, {"momentum", 0.9}, {"weight_decay", 0.01}};
@@ -37,7 +37,7 @@ json ds_config(int tp, int stage, const std::string& optimizer = "AdamW") {
           {"optimizer", {{"type", optimizer}, {"params", params}}},
           {"gradient_clipping", 1.0},
           {"zero_optimization", {{"stage", stage}}},
-          {"tensor_parallel", {{"autotp_size", tp}}}};
+          {"tensor_parallel", {{"autotp_size", tp}, {"sequence_parallel", sequence_parallel}}}};
 }
 
 // Every file under `dir` with its CRC-32: a fingerprint to show nothing changed.
@@ -85,10 +85,12 @@ class CliCheckpoint : public ::testing::Test {
 struct ReshardCase {
   int src_tp, src_world, src_stage, dst_tp, dst_world, dst_stage;
   bool offline;  // through `autotp reshard` instead of resuming the original directly
+  bool src_sp = false, dst_sp = false;  // sequence parallelism on either side (same weight layout)
   std::string name() const {
     return "tp" + std::to_string(src_tp) + "dp" + std::to_string(src_world / src_tp) + "z" +
-           std::to_string(src_stage) + "_to_tp" + std::to_string(dst_tp) + "dp" + std::to_string(dst_world / dst_tp) +
-           "z" + std::to_string(dst_stage) + (offline ? "_offline" : "");
+           std::to_string(src_stage) + (src_sp ? "sp" : "") + "_to_tp" + std::to_string(dst_tp) + "dp" +
+           std::to_string(dst_world / dst_tp) + "z" + std::to_string(dst_stage) + (dst_sp ? "sp" : "") +
+           (offline ? "_offline" : "");
   }
 };
 
@@ -98,8 +100,8 @@ class CliReshard : public CliCheckpoint, public ::testing::WithParamInterface<Re
 
 TEST_P(CliReshard, ContinuedLossesMatchTheUninterruptedRun) {
   const auto& c = GetParam();
-  const std::string src = config("src", ds_config(c.src_tp, c.src_stage));
-  const std::string dst = config("dst", ds_config(c.dst_tp, c.dst_stage));
+  const std::string src = config("src", ds_config(c.src_tp, c.src_stage, "AdamW", c.src_sp));
+  const std::string dst = config("dst", ds_config(c.dst_tp, c.dst_stage, "AdamW", c.dst_sp));
   auto full = train(src, c.src_world, 6, "--metrics " + dir_ + "/full.jsonl");
   ASSERT_EQ(full.exit_code, 0) << full.output;
   auto first = train(src, c.src_world, 3, "--save " + dir_ + "/ckpt");
@@ -135,7 +137,10 @@ TEST_P(CliReshard, ContinuedLossesMatchTheUninterruptedRun) {
 INSTANTIATE_TEST_SUITE_P(Layouts, CliReshard,
                          ::testing::Values(ReshardCase{2, 2, 1, 1, 2, 1, false}, ReshardCase{4, 4, 1, 2, 4, 1, false},
                                            ReshardCase{2, 4, 1, 4, 4, 3, false}, ReshardCase{3, 3, 0, 2, 2, 0, false},
-                                           ReshardCase{4, 4, 2, 2, 4, 1, true}),
+                                           ReshardCase{4, 4, 2, 2, 4, 1, true},
+                                           // 32 tokens: 11 + 11 + 10 at tp 3
+                                           ReshardCase{3, 3, 2, 2, 2, 0, false, true, false},
+                                           ReshardCase{2, 4, 1, 4, 4, 3, true, false, true}),
                          [](const auto& info) { return info.param.name(); });
 
 std::map<std::string, torch::Tensor> read_model(const std::string& dir) {

@@ -64,6 +64,20 @@ TEST_P(CliEval, InitThenEvalAtTp1AndTp3Agree) {
   auto l3 = io::SafetensorsFile::open(dir + "/l3.safetensors")->read("logits");
   EXPECT_EQ(l1.sizes(), (std::vector<int64_t>{3, 9, 259}));
   EXPECT_LT((l1 - l3).abs().max().item<double>(), 1e-5);
+  // Sequence parallelism changes where norms run, not the result; GPT-2 does not have it yet.
+  auto sp = run_cli("eval --model " + dir + "/model --tokens " + tokens + " --out " + dir + "/rsp.json --logits " +
+                    dir + "/lsp.safetensors --nproc 3 --tp 3 --sequence-parallel");
+  if (preset == "gpt2-tiny") {
+    EXPECT_EQ(sp.exit_code, 2) << sp.output;
+    EXPECT_NE(sp.output.find("sequence_parallel is implemented for dense Llama-family models"), std::string::npos)
+        << sp.output;
+  } else {
+    ASSERT_EQ(sp.exit_code, 0) << sp.output;
+    EXPECT_NEAR(json::parse(test::read_file(dir + "/rsp.json"))["loss"].get<double>(), r1["loss"].get<double>(),
+                1e-5 * r1["loss"].get<double>());
+    auto lsp = io::SafetensorsFile::open(dir + "/lsp.safetensors")->read("logits");
+    EXPECT_LT((l1 - lsp).abs().max().item<double>(), 1e-5);
+  }
   // A preset evaluates directly too (same seed, same weights).
   auto direct = run_cli("eval --model preset:" + preset + " --seed 3 --tokens " + tokens + " --out " + dir +
                         "/rp.json");
@@ -124,6 +138,10 @@ TEST(CliPlan, ShowsUnevenAndSharedShards) {
   EXPECT_NE(r.output.find("[32, 96] [32, 96] [16, 96] [16, 96]"), std::string::npos) << r.output;  // q_proj
   EXPECT_NE(r.output.find("(kv heads shared)"), std::string::npos);
   EXPECT_NE(r.output.find("rank 3:"), std::string::npos);
+  auto sp = run_cli("plan --model preset:llama-tiny --tp 2 --sequence-parallel");
+  ASSERT_EQ(sp.exit_code, 0) << sp.output;
+  EXPECT_NE(sp.output.find("tp = 2, sequence parallel"), std::string::npos) << sp.output;
+  EXPECT_NE(sp.output.find("sequence parallel: each rank sees its tokens"), std::string::npos) << sp.output;
 }
 
 }  // namespace

@@ -39,14 +39,17 @@ AUTOTP_WORKER(model_parity) {
   auto source = resolve_model(dir);
   TpPlanOptions options;
   options.tp_size = topo->tp_size();
+  options.sequence_parallel = ctx.args.at(1) == "sp";
   auto model = load_model(source, TpPlan::build(source.config, options), topo->tp(), torch::kFloat32, 0);
   Comm self;
   auto reference = load_model(source, TpPlan::build(source.config, {}), self, torch::kFloat32, 0);
 
   torch::manual_seed(11);
-  auto tokens = torch::randint(0, source.config.vocab_size, {3, 13}, torch::kLong);
-  auto ids = tokens.narrow(1, 0, 12).contiguous();
-  auto targets = tokens.narrow(1, 1, 12).clone();
+  // Sequence parallel: 11 tokens, uneven over 2, 3 and 4 ranks.
+  const int64_t T = options.sequence_parallel ? 11 : 12;
+  auto tokens = torch::randint(0, source.config.vocab_size, {3, T + 1}, torch::kLong);
+  auto ids = tokens.narrow(1, 0, T).contiguous();
+  auto targets = tokens.narrow(1, 1, T).clone();
   targets.index_put_({0, torch::indexing::Slice(0, 4)}, -100);  // a masked prompt
 
   auto sharded = forward_backward(*model, ids, targets);
@@ -66,8 +69,8 @@ AUTOTP_WORKER(model_parity) {
   }
   WORKER_CHECK(worst < 1e-5, "gradient of ", worst_name, " differs: relative max diff ", worst);
   if (topo->rank() == 0)
-    std::fprintf(stderr, "tp %d: loss rel diff %.3g, logits %.3g, worst grad %.3g (%s)\n", topo->tp_size(),
-                 loss_diff, logits_diff, worst, worst_name.c_str());
+    std::fprintf(stderr, "tp %d%s: loss rel diff %.3g, logits %.3g, worst grad %.3g (%s)\n", topo->tp_size(),
+                 options.sequence_parallel ? " sp" : "", loss_diff, logits_diff, worst, worst_name.c_str());
 }
 
 struct ParityCase {
@@ -75,6 +78,7 @@ struct ParityCase {
   std::string preset;
   json overrides;
   int tp;
+  bool sequence_parallel = false;
 };
 
 // Test names in ctest listings show the case name, not raw bytes.
@@ -87,7 +91,7 @@ TEST_P(TpModelParity, LogitsLossAndGradientsMatchSingleRank) {
   json config = test::preset_config(c.preset, c.overrides);
   std::string dir =
       test::write_model_dir(test::make_temp_dir("parity"), config, test::reference_random_weights(config, 99));
-  auto result = test::run_workers("model_parity", c.tp, {dir});
+  auto result = test::run_workers("model_parity", c.tp, {dir, c.sequence_parallel ? "sp" : "tp"});
   ASSERT_EQ(result.exit_code, 0) << result.summary;
 }
 
@@ -111,6 +115,15 @@ std::vector<ParityCase> parity_cases() {
     cases.push_back({"qwen2_moe_shared_expert_tp" + std::to_string(tp), "qwen2-moe-tiny", json::object(), tp});
     cases.push_back({"qwen3_moe_tp" + std::to_string(tp), "qwen3-moe-tiny", json::object(), tp});
   }
+  // Sequence parallelism: norms and residuals on each rank's tokens (11: uneven),
+  // norm and row-bias gradients summed over tp.
+  for (int tp : {2, 3, 4}) cases.push_back({"llama_sp_tp" + std::to_string(tp), "llama-tiny", json::object(), tp, true});
+  cases.push_back({"llama_tied_sp_tp3", "llama-tiny-tied", json::object(), 3, true});
+  cases.push_back({"llama_biases_sp_tp3", "llama-tiny", {{"attention_bias", true}, {"mlp_bias", true}}, 3, true});
+  cases.push_back({"qwen3_sp_tp4", "qwen3-tiny", json::object(), 4, true});
+  cases.push_back({"phi3_sp_tp3", "phi3-tiny", json::object(), 3, true});
+  cases.push_back({"gemma2_sp_tp2", "gemma2-tiny", {{"attn_logit_softcapping", 0.05}, {"final_logit_softcapping", 0.5}},
+                   2, true});
   cases.push_back({"qwen2_bias_tp3", "qwen2-tiny", json::object(), 3});
   cases.push_back({"llama_biases_tp3", "llama-tiny", {{"attention_bias", true}, {"mlp_bias", true}}, 3});
   cases.push_back({"mistral_tp4", "mistral-tiny", json::object(), 4});

@@ -408,6 +408,7 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{R"({"tensor_parallel": {"tp": {"mpu": {}}}})", {"tensor_parallel.tp.mpu", "Python object"}},
         ErrorCase{R"({"tensor_parallel": {"dtype": "float16"}, "bf16": {"enabled": true}})",
                   {"tensor_parallel.dtype is \"float16\"", "bfloat16"}},
+        ErrorCase{R"({"tensor_parallel": {"sequence_parallel": 1}})", {"tensor_parallel.sequence_parallel"}},
         ErrorCase{R"({"tensor_parallel": {"partition_config": {"use_default_specs": false}}})",
                   {"use_default_specs is false", "partition_type replicated"}},
         ErrorCase{R"({"tensor_parallel": {"partition_config": {"layer_specs": [
@@ -428,6 +429,12 @@ TEST(TrainConfig, AcceptsDeepSpeedAutoTpKeys) {
   ASSERT_EQ(c.tensor_parallel.layer_specs.size(), 1u);
   EXPECT_EQ(c.tensor_parallel.layer_specs[0].role, TpRole::kRow);
   EXPECT_EQ(c.tensor_parallel.dtype, "torch.bfloat16");
+  EXPECT_FALSE(c.tensor_parallel.sequence_parallel);
+  // sequence_parallel reaches the plan options and survives the round trip.
+  auto sp = TrainConfig::from_json(json::parse(R"({"tensor_parallel": {"autotp_size": 2, "sequence_parallel": true}})"), "");
+  EXPECT_TRUE(sp.tensor_parallel.plan_options().sequence_parallel);
+  EXPECT_EQ(sp.tensor_parallel.plan_options().tp_size, 2);
+  EXPECT_TRUE(TrainConfig::from_json(sp.to_json(), "").tensor_parallel.sequence_parallel);
   // autotp_size 0 is DeepSpeed's "off": one rank per tensor-parallel group.
   EXPECT_EQ(TrainConfig::from_json(json::parse(R"({"tensor_parallel": {"autotp_size": 0}})"), "").tensor_parallel.autotp_size,
             1);

@@ -20,7 +20,7 @@ constexpr int64_t kSeq = 12;
 constexpr int64_t kPersistenceThreshold = 1000;
 
 json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::string& optimizer,
-                  const std::string& recompute = "off") {
+                  const std::string& recompute = "off", bool sequence_parallel = false) {
   // eps 1e-6: Adam then damps elements whose gradient is at roundoff level instead of
   // turning their noise into full-size steps (which no two summation orders agree on).
   json params = {{"lr", 5e-4}, {"weight_decay", 0.1}};
@@ -34,14 +34,15 @@ json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::stri
             {"reduce_bucket_size", 4096},  // many buckets per step
             {"allgather_bucket_size", 2048},
             {"stage3_param_persistence_threshold", kPersistenceThreshold}}},
-          {"tensor_parallel", {{"autotp_size", tp}}},
+          {"tensor_parallel", {{"autotp_size", tp}, {"sequence_parallel", sequence_parallel}}},
           {"activation_checkpointing", {{"mode", recompute}}}};
 }
 
 Batch rows_to_batch(const torch::Tensor& rows) {
-  auto labels = rows.narrow(1, 1, kSeq).clone();
+  const int64_t seq = rows.size(1) - 1;
+  auto labels = rows.narrow(1, 1, seq).clone();
   labels.index_put_({torch::indexing::Slice(), torch::indexing::Slice(0, 2)}, kIgnoreLabel);  // masked prompts
-  return {rows.narrow(1, 0, kSeq).contiguous(), labels};
+  return {rows.narrow(1, 0, seq).contiguous(), labels};
 }
 
 AUTOTP_WORKER(train_parity) {
@@ -50,18 +51,19 @@ AUTOTP_WORKER(train_parity) {
   const int64_t gas = std::stoll(ctx.args.at(3));
   const std::string optimizer = ctx.args.at(4);
   const std::string recompute = ctx.args.at(5);
+  const bool sequence_parallel = ctx.args.at(6) == "sp";
   const int64_t micro = 2;
   auto topo = ctx.topology(tp);
   const int dp = topo->dp_size();
   const int64_t global = micro * gas * dp;
 
   auto source = resolve_model(dir);
-  auto config = TrainConfig::from_json(train_config(tp, stage, micro, gas, optimizer, recompute), "test");
+  auto config =
+      TrainConfig::from_json(train_config(tp, stage, micro, gas, optimizer, recompute, sequence_parallel), "test");
   config.resolve_batch(topo->world_size());
-  TpPlanOptions plan_options;
-  plan_options.tp_size = tp;
   Trainer trainer(config, topo,
-                  load_model(source, TpPlan::build(source.config, plan_options), topo->tp(), torch::kFloat32, 0),
+                  load_model(source, TpPlan::build(source.config, config.tensor_parallel.plan_options()), topo->tp(),
+                             torch::kFloat32, 0),
                   nullptr, false);
 
   // The load-balancing loss of a mixture of experts is HF's per forward: the single
@@ -76,7 +78,8 @@ AUTOTP_WORKER(train_parity) {
                     nullptr, false);
 
   torch::manual_seed(5);
-  auto data = torch::randint(0, source.config.vocab_size, {kSteps * global, kSeq + 1}, torch::kLong);
+  const int64_t seq = sequence_parallel ? kSeq - 1 : kSeq;  // 11 splits unevenly over 2, 3 and 4 ranks
+  auto data = torch::randint(0, source.config.vocab_size, {kSteps * global, seq + 1}, torch::kLong);
   for (int step = 0; step < kSteps; ++step) {
     auto rows = data.narrow(0, step * global, global);
     std::vector<Batch> mine;
@@ -144,13 +147,14 @@ struct TrainCase {
   std::string optimizer = "AdamW";
   std::string recompute = "off";  // activation_checkpointing.mode
   json overrides = json::object();  // merged into the preset's config.json
+  bool sequence_parallel = false;
   std::string name() const {
     std::string p = preset;
     for (auto& ch : p)
       if (ch == '-') ch = '_';
     return p + "_w" + std::to_string(world) + "_tp" + std::to_string(tp) + "_z" + std::to_string(stage) + "_gas" +
            std::to_string(gas) + "_" + optimizer + (recompute == "full" ? "_ckpt" : recompute == "selective" ? "_sel" : "") +
-           (overrides.empty() ? "" : "_dropout");
+           (overrides.empty() ? "" : "_dropout") + (sequence_parallel ? "_sp" : "");
   }
 };
 void PrintTo(const TrainCase& c, std::ostream* os) { *os << c.name(); }
@@ -164,7 +168,7 @@ TEST_P(TrainParity, LossesAndWeightsMatchSingleRank) {
       test::write_model_dir(test::make_temp_dir("train"), config, test::reference_random_weights(config, 21));
   auto result = test::run_workers("train_parity", c.world,
                                   {dir, std::to_string(c.tp), std::to_string(c.stage), std::to_string(c.gas), c.optimizer,
-                                   c.recompute});
+                                   c.recompute, c.sequence_parallel ? "sp" : "tp"});
   ASSERT_EQ(result.exit_code, 0) << result.summary;
 }
 
@@ -211,6 +215,16 @@ std::vector<TrainCase> train_cases() {
   cases.push_back({"llama-tiny-tied", 4, 1, 3, 1});
   cases.push_back({"llama-tiny", 4, 2, 2, 1, "AdamW", "selective"});
   cases.push_back({"gpt2-tiny", 4, 1, 3, 2, "AdamW", "selective"});
+  // Sequence parallelism (11 tokens: uneven shards at tp 2, 3 and 4): every ZeRO stage,
+  // recompute, dropout in the sequence-parallel region (Phi-3's resid_pdrop).
+  const json none = json::object();
+  for (int stage : {0, 1, 2, 3}) cases.push_back({"llama-tiny", 4, 2, stage, stage == 2 ? 2 : 1, "AdamW", "off", none, true});
+  cases.push_back({"llama-tiny", 3, 3, 3, 1, "AdamW", "full", none, true});
+  cases.push_back({"llama-tiny", 4, 4, 1, 1, "AdamW", "selective", {{"attention_dropout", 0.2}}, true});
+  cases.push_back({"llama-tiny-tied", 4, 4, 2, 1, "AdamW", "off", none, true});
+  cases.push_back({"qwen3-tiny", 4, 4, 3, 2, "AdamW", "off", none, true});
+  cases.push_back({"phi3-tiny", 3, 3, 2, 1, "AdamW", "off", {{"resid_pdrop", 0.2}}, true});
+  cases.push_back({"gemma2-tiny", 4, 2, 1, 2, "AdamW", "full", none, true});
   return cases;
 }
 

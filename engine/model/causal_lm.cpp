@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <numeric>
 #include <regex>
 #include <set>
 
@@ -239,6 +240,7 @@ LocalHeads local_heads(const ModelConfig& c, const ShardSpec& q_spec, int tp_ran
 
 CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType dtype, torch::Device device)
     : config_(std::move(config)), plan_(std::move(plan)), tp_(tp), dtype_(dtype), device_(device) {
+  sequence_parallel_ = plan_.sequence_parallel();
   TORCH_CHECK(plan_.tp_size() == tp_.size(), "CausalLM: plan is for tp ", plan_.tp_size(), " but the tp group has ",
               tp_.size(), " ranks");
   for (const auto& e : plan_.entries()) {
@@ -344,10 +346,18 @@ torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x
   torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
   torch::Tensor bias = tensor(module + ".bias");
   if (w->entry->role == TpRole::kRow) {
-    auto y = reduce_from_tp(torch::matmul(x, weight.t()), tp_);
+    auto partial = torch::matmul(x, weight.t());
+    auto y = sequence_parallel_ ? reduce_scatter_to_sp(partial, tp_, 1, sequence_sizes_) : reduce_from_tp(partial, tp_);
     return bias.defined() ? y + bias : y;
   }
   return F::linear(x, weight, bias);
+}
+
+torch::Tensor CausalLM::enter_block(const torch::Tensor& h, bool split) {
+  if (!sequence_parallel_) return split ? copy_to_tp(h, tp_) : h;
+  AUTOTP_USER_CHECK(split, "sequence_parallel needs every attention and MLP block split over tp; this plan "
+                           "replicates one (allowed: sequence_parallel false)");
+  return gather_from_sp(h, tp_, 1, sequence_sizes_);
 }
 
 torch::Tensor CausalLM::attention(int64_t layer, const std::string& q_param, const torch::Tensor& q,
@@ -389,8 +399,10 @@ torch::Tensor CausalLM::norm(const std::string& module, const torch::Tensor& x) 
 torch::Tensor CausalLM::dropout(const torch::Tensor& x, int64_t layer, DropoutSite site, double p,
                                 std::vector<DimRanges> dims) {
   if (!dropout_ || p == 0) return x;
-  if (dims.empty())
-    for (int64_t d = 1; d < x.dim(); ++d) dims.push_back(DimRanges{x.size(d), {}});
+  if (dims.empty())  // under sequence parallelism dim 1 is this rank's tokens of the sequence
+    for (int64_t d = 1; d < x.dim(); ++d)
+      dims.push_back(sequence_parallel_ && d == 1 ? DimRanges{sequence_length_, {Segment{sequence_offset_, x.size(1)}}}
+                                                  : DimRanges{x.size(d), {}});
   dims.insert(dims.begin(), DimRanges{dropout_->step_samples, {Segment{dropout_->sample_offset, x.size(0)}}});
   return apply_dropout(x, DropoutKey{dropout_->seed, dropout_->step, layer, site}, p, dims);
 }
@@ -403,12 +415,13 @@ torch::Tensor CausalLM::mlp_activation(const torch::Tensor& gate) {
 torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const torch::Tensor& cos,
                                     const torch::Tensor& sin) {
   const std::string p = fmt::format("model.layers.{}.", layer);
-  const int64_t B = x.size(0), T = x.size(1), D = config_.head_dim;
+  const int64_t D = config_.head_dim;
   auto h = norm(p + "input_layernorm", x);
   const bool fused = config_.fused_projections;
   const std::string q_param = p + (fused ? "self_attn.qkv_proj.weight" : "self_attn.q_proj.weight");
   const Parameter* q_w = find(q_param);
-  if (is_split(*q_w->entry)) h = copy_to_tp(h, tp_);
+  h = enter_block(h, is_split(*q_w->entry));
+  const int64_t B = h.size(0), T = h.size(1);  // the whole sequence, also under sequence parallelism
   torch::Tensor q, k, v;
   if (fused) {  // Phi-3: this rank's [q | k | v] columns, each part split on its own
     std::vector<int64_t> widths;
@@ -440,8 +453,7 @@ torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const
 
   h = norm(p + (config_.gemma_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm"), out);
   if (config_.is_sparse(layer)) return out + moe_block(layer, h);
-  if (is_split(*find(p + (fused ? "mlp.gate_up_proj.weight" : "mlp.gate_proj.weight"))->entry))
-    h = copy_to_tp(h, tp_);
+  h = enter_block(h, is_split(*find(p + (fused ? "mlp.gate_up_proj.weight" : "mlp.gate_proj.weight"))->entry));
   torch::Tensor mlp;
   if (fused) {  // Phi-3: this rank's gate columns, then as many up columns
     auto gate_up = linear(p + "mlp.gate_up_proj", h).chunk(2, -1);
@@ -552,7 +564,13 @@ int64_t CausalLM::vocab_start() const {
 
 torch::Tensor CausalLM::lm_head_logits(const torch::Tensor& hidden) {
   const Parameter& head = head_param(params_, config_.tie_word_embeddings);
-  auto logits = torch::matmul(is_split(*head.entry) ? copy_to_tp(hidden, tp_) : hidden, head.tensor.t());
+  torch::Tensor input = hidden;
+  if (sequence_parallel_)  // a replicated head's gradient is whole on every rank: keep this rank's tokens
+    input = is_split(*head.entry) ? gather_from_sp(hidden, tp_, 1, sequence_sizes_)
+                                  : gather_from_tp(hidden, tp_, 1, sequence_sizes_);
+  else if (is_split(*head.entry))
+    input = copy_to_tp(hidden, tp_);
+  auto logits = torch::matmul(input, head.tensor.t());
   if (config_.final_softcap > 0)  // Gemma 2, elementwise: each rank caps its vocab slice
     logits = torch::tanh(logits / config_.final_softcap) * config_.final_softcap;
   return logits;
@@ -583,6 +601,12 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
     x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
   if (config_.family == ModelFamily::kGpt2)
     x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, on_device.dtype(torch::kLong))).unsqueeze(0);
+  if (sequence_parallel_) {  // from here to the head each rank holds its tokens (backward: all-gather)
+    sequence_sizes_ = sequence_shard_sizes(T, tp_.size());
+    sequence_offset_ = std::accumulate(sequence_sizes_.begin(), sequence_sizes_.begin() + tp_.rank(), int64_t{0});
+    sequence_length_ = T;
+    x = scatter_to_tp(x, tp_, 1, sequence_sizes_);
+  }
   x = dropout(x, kEmbeddingUse, DropoutSite::kEmbedding, config_.embedding_dropout);
   call_hook(hooks_.after_forward, kEmbeddingUse);
   if (config_.family == ModelFamily::kGpt2) {

@@ -13,7 +13,7 @@ namespace {
 const std::vector<std::string> kKeys = {"autotp_size",        "tp_overlap_comm", "dtype",
                                         "tensor_parallel",    "tp",              "injection_policy_tuple",
                                         "partition_config",   "preset_model",    "keep_module_on_host",
-                                        "replace_with_kernel_inject", "kernel_inject"};
+                                        "replace_with_kernel_inject", "kernel_inject", "sequence_parallel"};
 // DeepSpeed's AutoTP presets whose architectures autotp shards by its own rules.
 const std::vector<std::string> kPresetsKnown = {"llama", "qwen2", "mixtral", "phi3"};
 const std::vector<std::string> kPresetsUnknown = {"bloom", "chatglm", "deepseek_v2"};
@@ -46,6 +46,7 @@ TensorParallelConfig TensorParallelConfig::read(const JsonSection& top) {
            "synchronously (not yet implemented; ZeRO's overlap is zero_optimization.overlap_comm)",
            s.where("tp_overlap_comm"));
   t.dtype = s.string("dtype", "");
+  t.sequence_parallel = s.boolean("sequence_parallel", false);
   read_inner_tp(s, t.autotp_size);
   if (s.has("injection_policy_tuple") && !s.at("injection_policy_tuple").is_null())
     s.fail("{} names Python module classes; say which tensors to split with partition_config.layer_specs",
@@ -76,9 +77,18 @@ TensorParallelConfig TensorParallelConfig::read(const JsonSection& top) {
   return t;
 }
 
+TpPlanOptions TensorParallelConfig::plan_options() const {
+  TpPlanOptions options;
+  options.tp_size = autotp_size;
+  options.layer_specs = layer_specs;
+  options.sequence_parallel = sequence_parallel;
+  return options;
+}
+
 nlohmann::json TensorParallelConfig::to_json() const {
   nlohmann::json tp = {{"autotp_size", autotp_size}};
   if (!dtype.empty()) tp["dtype"] = dtype;
+  if (sequence_parallel) tp["sequence_parallel"] = true;
   if (!layer_specs.empty()) {
     nlohmann::json specs = nlohmann::json::array();
     for (const auto& spec : layer_specs) {

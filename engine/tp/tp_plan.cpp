@@ -115,10 +115,14 @@ TpRole role_from_hf_style(const std::string& style, const ParamDesc& d, const st
   if (listed(kColumnStyles, style)) return vocab_param ? TpRole::kVocab : TpRole::kColumn;
   if (listed(kRowStyles, style)) return vocab_param ? TpRole::kVocab : TpRole::kRow;
   if (listed(kReplicatedStyles, style)) return TpRole::kReplicated;
-  if (style == "sequence_parallel")
-    throw_user_error("{}: sequence parallelism is not implemented (tensor parallelism splits heads and features "
-                     "only); drop the entry or use replicate",
-                     at);
+  // HF marks the norms that run on sequence shards: their weights stay whole; whether
+  // they see 1/tp of the tokens is tensor_parallel.sequence_parallel's to say.
+  if (style == "sequence_parallel") {
+    AUTOTP_USER_CHECK(d.kind == ParamKind::kNorm,
+                      "{}: sequence_parallel applies to norms only (allowed for {}: colwise, rowwise, replicate)",
+                      at, d.name);
+    return TpRole::kReplicated;
+  }
   if (style == "embedding_colwise")
     throw_user_error("{}: splitting the embedding's hidden dim would split the residual stream; use "
                      "embedding_rowwise (vocab-parallel)",
@@ -508,6 +512,22 @@ void mark_partial_grads(std::vector<PlanEntry>& entries, int tp) {
   }
 }
 
+// Sequence parallelism: the hidden-stream norms and the biases added after a row
+// layer's reduce-scatter see only this rank's tokens.
+void mark_sequence_parallel_grads(const ModelConfig& config, std::vector<PlanEntry>& entries) {
+  AUTOTP_USER_CHECK(config.family != ModelFamily::kGpt2 && config.num_experts == 0,
+                    "sequence_parallel is implemented for dense Llama-family models so far, not {} (allowed: "
+                    "false for this model)",
+                    config.architecture);
+  for (auto& e : entries) {
+    const bool hidden_norm = e.desc.kind == ParamKind::kNorm && e.desc.axes == std::vector<Axis>{Axis::kHidden};
+    const bool row_bias = e.desc.kind == ParamKind::kBias && e.role == TpRole::kReplicated;
+    if (!(hidden_norm || row_bias) || e.partial_grad) continue;
+    e.partial_grad = true;
+    e.source += "; gradient summed over tp (sequence parallel: each rank sees its tokens)";
+  }
+}
+
 }  // namespace
 
 TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
@@ -543,6 +563,8 @@ TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
   check_blocks(plan.entries_);
   check_moe_blocks(plan.entries_);
   mark_partial_grads(plan.entries_, tp);
+  plan.sequence_parallel_ = options.sequence_parallel && tp > 1;
+  if (plan.sequence_parallel_) mark_sequence_parallel_grads(config, plan.entries_);
   return plan;
 }
 

@@ -64,7 +64,7 @@ struct Args {
   std::string model, json, dtype = "f32", profile;
   int tp = 1, zero = 0;
   int64_t micro_batch = 4, seq_len = 256, gas = 1, steps = 5, warmup = 2;
-  bool checkpointing = false;
+  bool checkpointing = false, sequence_parallel = false;
   std::optional<bool> overlap_comm;
   uint64_t seed = 1;
   WorldOptions world;
@@ -77,7 +77,7 @@ TrainConfig bench_config(const Args& args, torch::ScalarType dtype, int world_si
                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}},
                        {"gradient_clipping", 1.0},
                        {"zero_optimization", {{"stage", args.zero}}},
-                       {"tensor_parallel", {{"autotp_size", args.tp}}},
+                       {"tensor_parallel", {{"autotp_size", args.tp}, {"sequence_parallel", args.sequence_parallel}}},
                        {"seed", args.seed}};
   if (dtype == torch::kBFloat16) ds["bf16"] = {{"enabled", true}};
   if (args.checkpointing) ds["activation_checkpointing"] = {{"enabled", true}};
@@ -152,6 +152,8 @@ void print_volume_table(const StepCommVolume& counted, const StepCommVolume& ana
 void add_bench_step_options(CLI::App& cmd, Args& args) {
   cmd.add_option("--model", args.model, "HF model directory or preset:NAME")->required();
   cmd.add_option("--tp", args.tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
+  cmd.add_flag("--sequence-parallel", args.sequence_parallel,
+               "tensor_parallel.sequence_parallel: norms, residuals and dropout on 1/tp of the sequence");
   cmd.add_option("--zero", args.zero, "ZeRO stage 0-3 over the data-parallel group (default 0)")
       ->check(CLI::Range(0, 3));
   cmd.add_option("--micro-batch", args.micro_batch, "Sequences per micro-batch per rank (default 4)")
@@ -429,9 +431,7 @@ void run_bench_step(const Args& args) {
   AUTOTP_USER_CHECK(args.seq_len <= source.config.max_positions,
                     "--seq-len {} exceeds the model's {} positions", args.seq_len,
                     source.config.max_positions);
-  TpPlanOptions plan_options;
-  plan_options.tp_size = args.tp;
-  auto plan = TpPlan::build(source.config, plan_options);
+  auto plan = TpPlan::build(source.config, config.tensor_parallel.plan_options());
   const Placement placement = place_rank(args.world, config.device);
   const torch::Device device = placement.device;
   auto topology = join_world(args.world, args.tp, placement.backend);

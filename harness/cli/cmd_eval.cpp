@@ -16,6 +16,7 @@ void register_eval(CLI::App& app) {
   struct Args {
     std::string model, tokens, out, logits, dtype = "f32";
     int tp = 0;
+    bool sequence_parallel = false;
     uint64_t seed = 0;
     WorldOptions world;
   };
@@ -26,6 +27,8 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--out", args->out, "RESULT.json to write: loss, tokens, perplexity")->required();
   cmd->add_option("--logits", args->logits, "Also write logits [batch, seq-1, vocab] (float32) to this safetensors file");
   cmd->add_option("--tp", args->tp, "Tensor-parallel size (default: the world size)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--sequence-parallel", args->sequence_parallel,
+                "Norms and residuals on 1/tp of the sequence (tensor_parallel.sequence_parallel)");
   cmd->add_option("--dtype", args->dtype, "Compute dtype: f32 or bf16 (default f32)");
   cmd->add_option("--seed", args->seed, "Seed of a preset's random weights (default 0)");
   add_world_options(*cmd, args->world);
@@ -43,6 +46,7 @@ void register_eval(CLI::App& app) {
                       env.world_size);
     TpPlanOptions plan_options;
     plan_options.tp_size = tp;
+    plan_options.sequence_parallel = args->sequence_parallel;
     auto plan = TpPlan::build(source.config, plan_options);
     const Placement placement = place_rank(args->world);
     auto topology = join_world(args->world, tp, placement.backend);

@@ -14,13 +14,17 @@ void register_plan(CLI::App& app) {
   struct Args {
     std::string model, config, rules = "auto";
     int tp = 1;
+    bool sequence_parallel = false;
   };
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("plan", "Print the tensor-parallel plan of a model: roles and shard shapes per rank");
   cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
   cmd->add_option("--tp", args->tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--sequence-parallel", args->sequence_parallel,
+                "Sequence parallelism: marks the gradients it makes partial (tensor_parallel.sequence_parallel)");
   cmd->add_option("--config", args->config,
-                  "DeepSpeed-style JSON config; its tensor_parallel.partition_config user patterns apply");
+                  "DeepSpeed-style JSON config; its tensor_parallel.partition_config user patterns and "
+                  "sequence_parallel apply");
   cmd->add_option("--rules", args->rules, "auto | structural | names (default auto)")
       ->check(CLI::IsMember({"auto", "structural", "names"}));
   cmd->callback([args] {
@@ -34,9 +38,13 @@ void register_plan(CLI::App& app) {
       nlohmann::json j = read_json_file(args->config, "config file");
       if (j.contains("tensor_parallel") && j["tensor_parallel"].contains("partition_config"))
         options.layer_specs = parse_partition_config(j["tensor_parallel"]["partition_config"]);
+      if (j.contains("tensor_parallel") && j["tensor_parallel"].value("sequence_parallel", false))
+        options.sequence_parallel = true;
     }
+    if (args->sequence_parallel) options.sequence_parallel = true;
     auto plan = TpPlan::build(source.config, options);
-    std::cout << fmt::format("{} ({}), tp = {}\n", source.label, source.config.architecture, args->tp);
+    std::cout << fmt::format("{} ({}), tp = {}{}\n", source.label, source.config.architecture, args->tp,
+                             plan.sequence_parallel() ? ", sequence parallel" : "");
     std::cout << plan.table();
   });
 }

@@ -148,10 +148,7 @@ void run_train(const TrainArgs& args) {
   DistEnv env = DistEnv::from_environment();
   config.resolve_batch(env.world_size);
   auto source = resolve_model(args.model);
-  TpPlanOptions plan_options;
-  plan_options.tp_size = config.tensor_parallel.autotp_size;
-  plan_options.layer_specs = config.tensor_parallel.layer_specs;
-  auto plan = TpPlan::build(source.config, plan_options);
+  auto plan = TpPlan::build(source.config, config.tensor_parallel.plan_options());
   DataOptions data_options;
   data_options.seq_len = args.seq_len;
   data_options.vocab_size = source.config.vocab_size;

@@ -76,11 +76,8 @@ json state_bytes(const ModelStateBytes& b) {
 
 // The model-state formula of docs/memory.md for every rank of the variant.
 std::vector<ModelStateBytes> analytic_per_rank(const VariantSpec& v, const ModelSpec& model, int world) {
-  TpPlanOptions plan_options;
-  plan_options.tp_size = v.config.tensor_parallel.autotp_size;
-  plan_options.layer_specs = v.config.tensor_parallel.layer_specs;
-  const TpPlan plan = TpPlan::build(model.config, plan_options);
-  const int tp = plan_options.tp_size;
+  const TpPlan plan = TpPlan::build(model.config, v.config.tensor_parallel.plan_options());
+  const int tp = plan.tp_size();
   const torch::ScalarType dtype = training_dtype(v.config);
   const bool fp32_accumulation = dtype != torch::kFloat32 && v.config.gradient_accumulation_steps > 1;
   std::vector<ModelStateBytes> out;

@@ -191,10 +191,7 @@ class Expander {
     try {
       v.config = TrainConfig::from_json(v.ds_config, "config");
       v.config.resolve_batch(spec_.world_size);
-      TpPlanOptions plan;
-      plan.tp_size = v.config.tensor_parallel.autotp_size;
-      plan.layer_specs = v.config.tensor_parallel.layer_specs;
-      TpPlan::build(model.config, plan);
+      TpPlan::build(model.config, v.config.tensor_parallel.plan_options());
     } catch (const UserError& e) {
       return e.what();
     }

@@ -143,6 +143,9 @@ class CausalLM {
   torch::Tensor dropout(const torch::Tensor& x, int64_t layer, DropoutSite site, double p,
                         std::vector<DimRanges> dims = {});
   torch::Tensor linear(const std::string& module, const torch::Tensor& x);
+  // A block's input: copied into the tp region (split block), all-gathered along the
+  // sequence under sequence parallelism, or as it is (replicated block).
+  torch::Tensor enter_block(const torch::Tensor& h, bool split);
   torch::Tensor embed(const torch::Tensor& ids);
   torch::Tensor lm_head_logits(const torch::Tensor& hidden);
   const Parameter* find(const std::string& name) const;
@@ -168,6 +171,11 @@ class CausalLM {
   // load-balancing loss adds to its router probabilities.
   std::shared_ptr<struct RouterAuxState> router_aux_;
   UseHooks hooks_;
+  // Sequence parallelism (plan_.sequence_parallel()): this forward's tokens per rank
+  // (sequence_shard_sizes), this rank's first token and the sequence length.
+  bool sequence_parallel_ = false;
+  std::vector<int64_t> sequence_sizes_;
+  int64_t sequence_offset_ = 0, sequence_length_ = 0;
   // Closures the current forward's backward calls (recomputed layers and
   // attention cores, backward hooks), alive until the next forward.
   std::vector<std::shared_ptr<void>> backward_state_;

@@ -17,6 +17,9 @@ struct TensorParallelConfig {
   int autotp_size = 1;                 // ranks per tensor-parallel group; divides the world size (0 = 1: off)
   std::vector<LayerSpec> layer_specs;  // partition_config, via parse_partition_config (tp_plan.h)
   std::string dtype;                   // "dtype" as given ("" when absent): must agree with bf16 / fp16
+  bool sequence_parallel = false;      // norms, residuals and dropout on 1/tp of the sequence (tp > 1)
+
+  TpPlanOptions plan_options() const;  // tp size, user layer specs and sequence parallelism
 
   static TensorParallelConfig read(const JsonSection& top);  // top["tensor_parallel"]
   nlohmann::json to_json() const;

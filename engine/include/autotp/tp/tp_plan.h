@@ -41,6 +41,9 @@ struct TpPlanOptions {
   int tp_size = 1;
   std::vector<LayerSpec> layer_specs;   // user patterns, first match wins
   PlanRules rules = PlanRules::kAuto;
+  // Norms, residuals and dropout on a 1/tp slice of the sequence (Korthikanti et al.):
+  // the hidden-stream norms' and row biases' gradients become partial sums over tp.
+  bool sequence_parallel = false;
 };
 
 // Parses {"layer_specs": [...]} (the value of partition_config). UserError on bad keys.
@@ -66,6 +69,7 @@ class TpPlan {
   static TpPlan build(const ModelConfig& config, const TpPlanOptions& options);
 
   int tp_size() const { return tp_size_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
   const std::vector<PlanEntry>& entries() const { return entries_; }
   const PlanEntry& entry(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) > 0; }
@@ -77,6 +81,7 @@ class TpPlan {
 
  private:
   int tp_size_ = 1;
+  bool sequence_parallel_ = false;
   std::vector<PlanEntry> entries_;
   std::map<std::string, size_t> index_;
 };
