@@ -64,20 +64,14 @@ TEST_P(CliEval, InitThenEvalAtTp1AndTp3Agree) {
   auto l3 = io::SafetensorsFile::open(dir + "/l3.safetensors")->read("logits");
   EXPECT_EQ(l1.sizes(), (std::vector<int64_t>{3, 9, 259}));
   EXPECT_LT((l1 - l3).abs().max().item<double>(), 1e-5);
-  // Sequence parallelism changes where norms run, not the result; GPT-2 does not have it yet.
+  // Sequence parallelism changes where norms run, not the result.
   auto sp = run_cli("eval --model " + dir + "/model --tokens " + tokens + " --out " + dir + "/rsp.json --logits " +
                     dir + "/lsp.safetensors --nproc 3 --tp 3 --sequence-parallel");
-  if (preset == "gpt2-tiny") {
-    EXPECT_EQ(sp.exit_code, 2) << sp.output;
-    EXPECT_NE(sp.output.find("sequence_parallel is implemented for dense Llama-family models"), std::string::npos)
-        << sp.output;
-  } else {
-    ASSERT_EQ(sp.exit_code, 0) << sp.output;
-    EXPECT_NEAR(json::parse(test::read_file(dir + "/rsp.json"))["loss"].get<double>(), r1["loss"].get<double>(),
-                1e-5 * r1["loss"].get<double>());
-    auto lsp = io::SafetensorsFile::open(dir + "/lsp.safetensors")->read("logits");
-    EXPECT_LT((l1 - lsp).abs().max().item<double>(), 1e-5);
-  }
+  ASSERT_EQ(sp.exit_code, 0) << sp.output;
+  EXPECT_NEAR(json::parse(test::read_file(dir + "/rsp.json"))["loss"].get<double>(), r1["loss"].get<double>(),
+              1e-5 * r1["loss"].get<double>());
+  auto lsp = io::SafetensorsFile::open(dir + "/lsp.safetensors")->read("logits");
+  EXPECT_LT((l1 - lsp).abs().max().item<double>(), 1e-5);
   // A preset evaluates directly too (same seed, same weights).
   auto direct = run_cli("eval --model preset:" + preset + " --seed 3 --tokens " + tokens + " --out " + dir +
                         "/rp.json");

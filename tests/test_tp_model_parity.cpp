@@ -122,6 +122,10 @@ std::vector<ParityCase> parity_cases() {
   cases.push_back({"llama_biases_sp_tp3", "llama-tiny", {{"attention_bias", true}, {"mlp_bias", true}}, 3, true});
   cases.push_back({"qwen3_sp_tp4", "qwen3-tiny", json::object(), 4, true});
   cases.push_back({"phi3_sp_tp3", "phi3-tiny", json::object(), 3, true});
+  cases.push_back({"gpt2_sp_tp3", "gpt2-tiny", json::object(), 3, true});
+  cases.push_back({"mixtral_sp_tp2", "mixtral-tiny", json::object(), 2, true});
+  cases.push_back({"qwen2_moe_sp_tp3", "qwen2-moe-tiny", json::object(), 3, true});
+  cases.push_back({"qwen3_moe_sp_tp4", "qwen3-moe-tiny", json::object(), 4, true});
   cases.push_back({"gemma2_sp_tp2", "gemma2-tiny", {{"attn_logit_softcapping", 0.05}, {"final_logit_softcapping", 0.5}},
                    2, true});
   cases.push_back({"qwen2_bias_tp3", "qwen2-tiny", json::object(), 3});

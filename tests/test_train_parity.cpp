@@ -225,6 +225,9 @@ std::vector<TrainCase> train_cases() {
   cases.push_back({"qwen3-tiny", 4, 4, 3, 2, "AdamW", "off", none, true});
   cases.push_back({"phi3-tiny", 3, 3, 2, 1, "AdamW", "off", {{"resid_pdrop", 0.2}}, true});
   cases.push_back({"gemma2-tiny", 4, 2, 1, 2, "AdamW", "full", none, true});
+  cases.push_back({"gpt2-tiny", 4, 2, 3, 1, "AdamW", "off", {{"attn_pdrop", 0.1}, {"resid_pdrop", 0.2}, {"embd_pdrop", 0.3}}, true});
+  cases.push_back({"mixtral-tiny", 3, 3, 1, 1, "AdamW", "off", none, true});
+  cases.push_back({"qwen2-moe-tiny", 4, 2, 2, 1, "AdamW", "off", none, true});
   return cases;
 }
 

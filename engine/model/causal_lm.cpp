@@ -472,7 +472,8 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   // Split experts: every rank routes every token and runs its part of each expert;
   // the weighted sum of the parts is reduced once for the block.
   const bool split = is_split(*find(config_.expert_module(layer, 0, 0) + ".weight")->entry);
-  const torch::Tensor x = (split ? copy_to_tp(h_in, tp_) : h_in).reshape({-1, hidden});
+  const torch::Tensor block_in = enter_block(h_in, split);  // the whole sequence under sequence parallelism
+  const torch::Tensor x = block_in.reshape({-1, hidden});
   const Parameter* router = find(block + "gate.weight");
   torch::Tensor probs = torch::softmax(F::linear(x, router->tensor), -1, torch::kFloat32);  // HF: fp32
   if (router_aux_ && config_.router_aux_loss_enabled() && torch::GradMode::is_enabled() && probs.requires_grad())
@@ -499,8 +500,9 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
     shared = torch::matmul(shared, tensor(s + "down_proj.weight").t());
     out = out + torch::sigmoid(F::linear(x, tensor(block + "shared_expert_gate.weight"))) * shared;
   }
-  if (split) out = reduce_from_tp(out, tp_);
-  return out.view(h_in.sizes());
+  out = out.view(block_in.sizes());
+  if (!split) return out;
+  return sequence_parallel_ ? reduce_scatter_to_sp(out, tp_, 1, sequence_sizes_) : reduce_from_tp(out, tp_);
 }
 
 double CausalLM::router_aux_loss(double gradient_weight) {
@@ -519,14 +521,15 @@ double CausalLM::router_aux_loss(double gradient_weight) {
 
 torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
   const std::string p = fmt::format("transformer.h.{}.", layer);
-  const int64_t B = x.size(0), T = x.size(1), D = config_.head_dim;
+  const int64_t D = config_.head_dim;
   const int64_t H = x.size(-1);
   auto h = F::layer_norm(x, F::LayerNormFuncOptions({H})
                                 .weight(tensor(p + "ln_1.weight"))
                                 .bias(tensor(p + "ln_1.bias"))
                                 .eps(config_.norm_eps));
   const Parameter* qkv_w = find(p + "attn.c_attn.weight");
-  if (is_split(*qkv_w->entry)) h = copy_to_tp(h, tp_);
+  h = enter_block(h, is_split(*qkv_w->entry));
+  const int64_t B = h.size(0), T = h.size(1);  // the whole sequence, also under sequence parallelism
   auto qkv = linear(p + "attn.c_attn", h);
   auto heads = local_heads(config_, qkv_w->spec(), tp_.rank());
   int64_t width = heads.count * D;  // GPT-2 has as many kv heads as query heads
@@ -541,7 +544,7 @@ torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
                              .weight(tensor(p + "ln_2.weight"))
                              .bias(tensor(p + "ln_2.bias"))
                              .eps(config_.norm_eps));
-  if (is_split(*find(p + "mlp.c_fc.weight")->entry)) h = copy_to_tp(h, tp_);
+  h = enter_block(h, is_split(*find(p + "mlp.c_fc.weight")->entry));
   auto mlp = gelu_new(linear(p + "mlp.c_fc", h));
   return out + dropout(linear(p + "mlp.c_proj", mlp), layer, DropoutSite::kMlpOutput, config_.residual_dropout);
 }

@@ -514,11 +514,7 @@ void mark_partial_grads(std::vector<PlanEntry>& entries, int tp) {
 
 // Sequence parallelism: the hidden-stream norms and the biases added after a row
 // layer's reduce-scatter see only this rank's tokens.
-void mark_sequence_parallel_grads(const ModelConfig& config, std::vector<PlanEntry>& entries) {
-  AUTOTP_USER_CHECK(config.family != ModelFamily::kGpt2 && config.num_experts == 0,
-                    "sequence_parallel is implemented for dense Llama-family models so far, not {} (allowed: "
-                    "false for this model)",
-                    config.architecture);
+void mark_sequence_parallel_grads(std::vector<PlanEntry>& entries) {
   for (auto& e : entries) {
     const bool hidden_norm = e.desc.kind == ParamKind::kNorm && e.desc.axes == std::vector<Axis>{Axis::kHidden};
     const bool row_bias = e.desc.kind == ParamKind::kBias && e.role == TpRole::kReplicated;
@@ -564,7 +560,7 @@ TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
   check_moe_blocks(plan.entries_);
   mark_partial_grads(plan.entries_, tp);
   plan.sequence_parallel_ = options.sequence_parallel && tp > 1;
-  if (plan.sequence_parallel_) mark_sequence_parallel_grads(config, plan.entries_);
+  if (plan.sequence_parallel_) mark_sequence_parallel_grads(plan.entries_);
   return plan;
 }
 
