@@ -147,6 +147,32 @@ TEST(BenchStep, RecomputationRepeatsTheForwardCollectives) {
   EXPECT_EQ(row.at("comm_volume").at("counted").at("tp").at("all_reduce").at("calls"), 1 + 12 + 3 + 1);
 }
 
+// Sequence parallelism swaps each block's all-reduces for gathers and
+// reduce-scatters; tp_overlap_comm cuts each layer's micro-batch in two pieces.
+TEST(BenchStep, SequenceParallelAndOverlapCollectivesMatchHandCount) {
+  const int64_t activation = 2 * 16 * 96 * 4;
+  const json sp = bench_step("--tp 2 --zero 1 --sequence-parallel");
+  expect_counted_equals_analytic(sp);
+  const json& counted = sp.at("comm_volume").at("counted").at("tp");
+  // all-gathers: embedding gradient 1 + 4 blocks x (entry forward, entry again, exit backward) 12
+  // + LM head input forward and backward 2; reduce-scatters: 4 blocks x (exit, entry gradient) 8 + head 1.
+  EXPECT_EQ(counted.at("all_gather").at("calls"), 15);
+  EXPECT_EQ(counted.at("all_gather").at("bytes"), 15 * activation);
+  EXPECT_EQ(counted.at("reduce_scatter").at("calls"), 9);
+  EXPECT_EQ(counted.at("reduce_scatter").at("bytes"), 9 * activation);
+  // all-reduces: the batch hash, the embedding output, the cross-entropy's two and
+  // the 5 norms' gradients (summed over tp under sequence parallelism).
+  EXPECT_EQ(counted.at("all_reduce").at("calls"), 4 + 5);
+  // Overlapped: every block collective once per half of the micro-batch, the same bytes.
+  const json overlapped = bench_step("--tp 2 --zero 1 --sequence-parallel --tp-overlap-comm");
+  expect_counted_equals_analytic(overlapped);
+  const json& halves = overlapped.at("comm_volume").at("counted").at("tp");
+  EXPECT_EQ(halves.at("all_gather").at("calls"), 1 + 24 + 2);
+  EXPECT_EQ(halves.at("all_gather").at("bytes"), 15 * activation);
+  EXPECT_EQ(halves.at("reduce_scatter").at("calls"), 16 + 1);
+  EXPECT_EQ(halves.at("reduce_scatter").at("bytes"), 9 * activation);
+}
+
 TEST(BenchStep, ZeroStagesOverDataParallelMatchTheFormula) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE(stage);

@@ -39,7 +39,8 @@ AUTOTP_WORKER(model_parity) {
   auto source = resolve_model(dir);
   TpPlanOptions options;
   options.tp_size = topo->tp_size();
-  options.sequence_parallel = ctx.args.at(1) == "sp";
+  options.sequence_parallel = ctx.args.at(1).find("sp") != std::string::npos;
+  options.overlap_comm = ctx.args.at(1).find("overlap") != std::string::npos;
   auto model = load_model(source, TpPlan::build(source.config, options), topo->tp(), torch::kFloat32, 0);
   Comm self;
   auto reference = load_model(source, TpPlan::build(source.config, {}), self, torch::kFloat32, 0);
@@ -69,8 +70,8 @@ AUTOTP_WORKER(model_parity) {
   }
   WORKER_CHECK(worst < 1e-5, "gradient of ", worst_name, " differs: relative max diff ", worst);
   if (topo->rank() == 0)
-    std::fprintf(stderr, "tp %d%s: loss rel diff %.3g, logits %.3g, worst grad %.3g (%s)\n", topo->tp_size(),
-                 options.sequence_parallel ? " sp" : "", loss_diff, logits_diff, worst, worst_name.c_str());
+    std::fprintf(stderr, "tp %d %s: loss rel diff %.3g, logits %.3g, worst grad %.3g (%s)\n", topo->tp_size(),
+                 ctx.args.at(1).c_str(), loss_diff, logits_diff, worst, worst_name.c_str());
 }
 
 struct ParityCase {
@@ -79,6 +80,7 @@ struct ParityCase {
   json overrides;
   int tp;
   bool sequence_parallel = false;
+  bool overlap = false;  // tp_overlap_comm
 };
 
 // Test names in ctest listings show the case name, not raw bytes.
@@ -91,7 +93,7 @@ TEST_P(TpModelParity, LogitsLossAndGradientsMatchSingleRank) {
   json config = test::preset_config(c.preset, c.overrides);
   std::string dir =
       test::write_model_dir(test::make_temp_dir("parity"), config, test::reference_random_weights(config, 99));
-  auto result = test::run_workers("model_parity", c.tp, {dir, c.sequence_parallel ? "sp" : "tp"});
+  auto result = test::run_workers("model_parity", c.tp, {dir, std::string(c.sequence_parallel ? "sp" : "tp") + (c.overlap ? "+overlap" : "")});
   ASSERT_EQ(result.exit_code, 0) << result.summary;
 }
 
@@ -123,6 +125,13 @@ std::vector<ParityCase> parity_cases() {
   cases.push_back({"qwen3_sp_tp4", "qwen3-tiny", json::object(), 4, true});
   cases.push_back({"phi3_sp_tp3", "phi3-tiny", json::object(), 3, true});
   cases.push_back({"gpt2_sp_tp3", "gpt2-tiny", json::object(), 3, true});
+  // tp_overlap_comm: asynchronous tp collectives, the micro-batch split in two (3 sequences: uneven halves).
+  cases.push_back({"llama_overlap_tp3", "llama-tiny", json::object(), 3, false, true});
+  cases.push_back({"llama_sp_overlap_tp4", "llama-tiny", json::object(), 4, true, true});
+  cases.push_back({"gpt2_overlap_tp2", "gpt2-tiny", json::object(), 2, false, true});
+  cases.push_back({"phi3_sp_overlap_tp2", "phi3-tiny", json::object(), 2, true, true});
+  cases.push_back({"qwen2_moe_sp_overlap_tp3", "qwen2-moe-tiny", json::object(), 3, true, true});
+  cases.push_back({"gemma2_overlap_tp2", "gemma2-tiny", json::object(), 2, false, true});
   cases.push_back({"mixtral_sp_tp2", "mixtral-tiny", json::object(), 2, true});
   cases.push_back({"qwen2_moe_sp_tp3", "qwen2-moe-tiny", json::object(), 3, true});
   cases.push_back({"qwen3_moe_sp_tp4", "qwen3-moe-tiny", json::object(), 4, true});

@@ -395,8 +395,6 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{R"({"wall_clock_breakdown": "yes"})", {"wall_clock_breakdown must be true or false"}},
         ErrorCase{R"([1, 2])", {"the config must be an object"}},
         // DeepSpeed's AutoTP keys autotp has no meaning for: each says what DeepSpeed does and what autotp offers.
-        ErrorCase{R"({"tensor_parallel": {"autotp_size": 2, "tp_overlap_comm": true}})",
-                  {"tensor_parallel.tp_overlap_comm", "zero_optimization.overlap_comm"}},
         ErrorCase{R"({"tensor_parallel": {"injection_policy_tuple": ["LlamaDecoderLayer"]}})",
                   {"tensor_parallel.injection_policy_tuple", "partition_config.layer_specs"}},
         ErrorCase{R"({"tensor_parallel": {"kernel_inject": true}})", {"tensor_parallel.kernel_inject", "allowed: false"}},
@@ -435,6 +433,10 @@ TEST(TrainConfig, AcceptsDeepSpeedAutoTpKeys) {
   EXPECT_TRUE(sp.tensor_parallel.plan_options().sequence_parallel);
   EXPECT_EQ(sp.tensor_parallel.plan_options().tp_size, 2);
   EXPECT_TRUE(TrainConfig::from_json(sp.to_json(), "").tensor_parallel.sequence_parallel);
+  auto overlap = TrainConfig::from_json(json::parse(R"({"tensor_parallel": {"autotp_size": 2, "tp_overlap_comm": true}})"), "");
+  EXPECT_TRUE(overlap.tensor_parallel.plan_options().overlap_comm);
+  EXPECT_FALSE(overlap.tensor_parallel.plan_options().sequence_parallel);
+  EXPECT_TRUE(TrainConfig::from_json(overlap.to_json(), "").tensor_parallel.overlap_comm);
   // autotp_size 0 is DeepSpeed's "off": one rank per tensor-parallel group.
   EXPECT_EQ(TrainConfig::from_json(json::parse(R"({"tensor_parallel": {"autotp_size": 0}})"), "").tensor_parallel.autotp_size,
             1);

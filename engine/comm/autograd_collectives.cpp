@@ -149,7 +149,52 @@ struct ReduceScatterToSp : torch::autograd::Function<ReduceScatterToSp> {
   }
 };
 
+// The forward's collective runs on the lane; the caller waits before reading.
+struct StartedReduceFromTp : torch::autograd::Function<StartedReduceFromTp> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, CommWork* work) {
+    torch::Tensor output = input.clone(at::MemoryFormat::Contiguous);
+    *work = comm->start_all_reduce(output);
+    return output;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Rows (dim 0) summed over the group, this rank's rows kept, on the lane.
+struct StartedReduceScatterRows : torch::autograd::Function<StartedReduceScatterRows> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& rows, Comm* comm,
+                               const std::vector<int64_t>& sizes, CommWork* work) {
+    ctx->saved_data["comm"] = comm_handle(*comm);
+    ctx->saved_data["sizes"] = sizes;
+    if (comm->size() == 1) return rows.clone(at::MemoryFormat::Contiguous);  // never the input itself
+    torch::Tensor output;
+    *work = comm->start_reduce_scatter(output, rows.contiguous(), sizes);
+    return output;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();
+    return {comm_from(ctx).all_gather(grads[0], 0, sizes), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+StartedReduction start_reduce_from_tp(const torch::Tensor& input, Comm& comm) {
+  StartedReduction r;
+  r.output = StartedReduceFromTp::apply(input, &comm, &r.work);
+  return r;
+}
+
+StartedReduction start_reduce_scatter_to_sp(const torch::Tensor& input, Comm& comm, int64_t dim,
+                                            const std::vector<int64_t>& sizes) {
+  TORCH_CHECK(input.dim() > 0, "start_reduce_scatter_to_sp: cannot scatter a 0-dim tensor");
+  dim = c10::maybe_wrap_dim(dim, input.dim());
+  const std::vector<int64_t> extents = extents_for(comm, sizes, input.size(dim), "start_reduce_scatter_to_sp");
+  StartedReduction r;
+  r.output = StartedReduceScatterRows::apply(input.movedim(dim, 0), &comm, extents, &r.work).movedim(0, dim);
+  return r;
+}
 
 std::vector<int64_t> sequence_shard_sizes(int64_t length, int ranks) {
   TORCH_CHECK(ranks >= 1 && length >= 0, "sequence_shard_sizes: length ", length, " over ", ranks, " ranks");

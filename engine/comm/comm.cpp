@@ -214,9 +214,27 @@ void Comm::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   all_reduce_in_place(tensor, op, "all_reduce");
 }
 
+CommWork Comm::start_all_reduce(const torch::Tensor& tensor) {
+  if (size_ == 1 || tensor.numel() == 0) return {};
+  stats_.all_reduce_calls += 1;
+  stats_.all_reduce_bytes += static_cast<int64_t>(tensor.nbytes());
+  if (on_nccl(tensor)) {
+    TORCH_CHECK(tensor.is_contiguous(), "Comm::start_all_reduce on group '", name_, "': needs a contiguous tensor");
+    return start_on_nccl("all_reduce", [&] {
+      std::vector<at::Tensor> tensors{tensor};
+      return group_->allreduce(tensors, c10d::AllreduceOptions{});
+    });
+  }
+  return post("all_reduce", [this, target = tensor]() mutable { reduce_in_place(target, ReduceOp::kSum, "all_reduce"); });
+}
+
 void Comm::all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name) {
   if (tensor.numel() == 0) return;
   wait_all();
+  reduce_in_place(tensor, op, op_name);
+}
+
+void Comm::reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name) {
   torch::NoGradGuard no_grad;
   torch::Tensor buffer = reduction_buffer(tensor, on_nccl(tensor));
   if (shm_ && !tensor.is_cuda()) {
@@ -286,52 +304,78 @@ void Comm::gather_blocks(const torch::Tensor& input, torch::Tensor& stacked, boo
   }
 }
 
-torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) {
+Comm::GatherLayout Comm::gather_layout(const torch::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) const {
   TORCH_CHECK(local.dim() > 0, "Comm::all_gather on group '", name_, "': cannot gather a 0-dim tensor");
-  dim = c10::maybe_wrap_dim(dim, local.dim());
-  std::vector<int64_t> extents = sizes.empty() ? std::vector<int64_t>(size_, local.size(dim)) : sizes;
-  TORCH_CHECK(static_cast<int>(extents.size()) == size_, "Comm::all_gather on group '", name_,
-              "': ", extents.size(), " sizes given for a group of size ", size_);
-  TORCH_CHECK(extents[rank_] == local.size(dim), "Comm::all_gather on group '", name_, "': rank ", rank_,
-              " holds ", local.size(dim), " along dim ", dim, " but sizes say ", extents[rank_]);
-  if (size_ == 1) return local;
+  GatherLayout g;
+  g.dim = c10::maybe_wrap_dim(dim, local.dim());
+  g.extents = sizes.empty() ? std::vector<int64_t>(size_, local.size(g.dim)) : sizes;
+  TORCH_CHECK(static_cast<int>(g.extents.size()) == size_, "Comm::all_gather on group '", name_,
+              "': ", g.extents.size(), " sizes given for a group of size ", size_);
+  TORCH_CHECK(g.extents[rank_] == local.size(g.dim), "Comm::all_gather on group '", name_, "': rank ", rank_,
+              " holds ", local.size(g.dim), " along dim ", g.dim, " but sizes say ", g.extents[rank_]);
+  const int64_t max_extent = *std::max_element(g.extents.begin(), g.extents.end());
+  g.gathered_shape = local.sizes().vec();
+  g.gathered_shape[g.dim] = std::accumulate(g.extents.begin(), g.extents.end(), int64_t{0});
+  g.padded_shape = local.sizes().vec();
+  g.padded_shape[g.dim] = max_extent;
+  g.even = std::all_of(g.extents.begin(), g.extents.end(), [&](int64_t e) { return e == max_extent; });
+  return g;
+}
 
-  const int64_t max_extent = *std::max_element(extents.begin(), extents.end());
-  const int64_t total = std::accumulate(extents.begin(), extents.end(), int64_t{0});
-  std::vector<int64_t> gathered_shape = local.sizes().vec();
-  gathered_shape[dim] = total;
-  stats_.all_gather_calls += 1;
-  stats_.all_gather_bytes +=
-      static_cast<int64_t>(c10::multiply_integers(gathered_shape) * local.element_size());
-
-  std::vector<int64_t> padded_shape = local.sizes().vec();
-  padded_shape[dim] = max_extent;
-  if (c10::multiply_integers(padded_shape) == 0) return torch::empty(gathered_shape, local.options());
-
+// The gather itself (after the checks, the counting and the wait for the lane).
+void Comm::gather_along(torch::Tensor& out, const torch::Tensor& local, const GatherLayout& g) {
   torch::NoGradGuard no_grad;
-  Stopwatch timed(stats_.seconds);
-  wait_all();
   // Gloo's allgather needs every rank's block to have the same shape: uneven
   // shards are padded to the largest and cut back after the gather.
   torch::Tensor input;
-  if (local.size(dim) == max_extent) {
+  if (local.size(g.dim) == g.padded_shape[g.dim]) {
     input = local.contiguous();
   } else {
-    input = torch::zeros(padded_shape, local.options());
-    input.narrow(dim, 0, local.size(dim)).copy_(local);
+    input = torch::zeros(g.padded_shape, local.options());
+    input.narrow(g.dim, 0, local.size(g.dim)).copy_(local);
   }
   // The blocks are consecutive slices of one buffer: along dim 0 with even
   // extents that buffer is the result itself (no concatenation copy).
-  std::vector<int64_t> stacked_shape = padded_shape;
+  std::vector<int64_t> stacked_shape = g.padded_shape;
   stacked_shape.insert(stacked_shape.begin(), size_);
+  if (g.dim == 0 && g.even && out.is_contiguous()) {
+    torch::Tensor stacked = out.view(stacked_shape);
+    gather_blocks(input, stacked, /*settle=*/false);
+    return;
+  }
   torch::Tensor stacked = torch::empty(stacked_shape, local.options());
-  const bool even = std::all_of(extents.begin(), extents.end(), [&](int64_t e) { return e == max_extent; });
-  gather_blocks(input, stacked, /*settle=*/!(dim == 0 && even));
-  if (dim == 0 && even) return stacked.view(gathered_shape);
-  std::vector<torch::Tensor> blocks;
-  blocks.reserve(size_);
-  for (int r = 0; r < size_; ++r) blocks.push_back(stacked[r].narrow(dim, 0, extents[r]));
-  return torch::cat(blocks, dim);
+  gather_blocks(input, stacked, /*settle=*/true);
+  int64_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    out.narrow(g.dim, offset, g.extents[r]).copy_(stacked[r].narrow(g.dim, 0, g.extents[r]));
+    offset += g.extents[r];
+  }
+}
+
+torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) {
+  const GatherLayout g = gather_layout(local, dim, sizes);
+  if (size_ == 1) return local;
+  stats_.all_gather_calls += 1;
+  stats_.all_gather_bytes += static_cast<int64_t>(c10::multiply_integers(g.gathered_shape) * local.element_size());
+  torch::Tensor out = torch::empty(g.gathered_shape, local.options());
+  if (c10::multiply_integers(g.padded_shape) == 0) return out;
+  Stopwatch timed(stats_.seconds);
+  wait_all();
+  gather_along(out, local, g);
+  return out;
+}
+
+CommWork Comm::start_all_gather(torch::Tensor& out, const torch::Tensor& local, int64_t dim,
+                                const std::vector<int64_t>& sizes) {
+  const GatherLayout g = gather_layout(local, dim, sizes);
+  if (size_ == 1 || c10::multiply_integers(g.padded_shape) == 0 || local.is_cuda()) {
+    out = all_gather(local, dim, sizes);  // CUDA: ordered on the stream already
+    return {};
+  }
+  stats_.all_gather_calls += 1;
+  stats_.all_gather_bytes += static_cast<int64_t>(c10::multiply_integers(g.gathered_shape) * local.element_size());
+  out = torch::empty(g.gathered_shape, local.options());
+  return post("all_gather", [this, out, local, g]() mutable { gather_along(out, local, g); });
 }
 
 void Comm::check_into(const char* op, const torch::Tensor& out, const torch::Tensor& in, bool gather) const {
@@ -389,6 +433,17 @@ CommWork Comm::start_all_gather_into(const torch::Tensor& out, const torch::Tens
 }
 
 torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes) {
+  const std::vector<int64_t> extents = scatter_extents(full, sizes);
+  if (size_ == 1) return full;
+  stats_.reduce_scatter_calls += 1;
+  stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
+  torch::NoGradGuard no_grad;
+  Stopwatch timed(stats_.seconds);
+  wait_all();
+  return reduce_scatter_rows(full, extents);
+}
+
+std::vector<int64_t> Comm::scatter_extents(const torch::Tensor& full, const std::vector<int64_t>& sizes) const {
   TORCH_CHECK(full.dim() > 0, "Comm::reduce_scatter on group '", name_, "': cannot scatter a 0-dim tensor");
   std::vector<int64_t> extents = sizes;
   if (extents.empty()) {
@@ -401,13 +456,24 @@ torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<
   const int64_t total = std::accumulate(extents.begin(), extents.end(), int64_t{0});
   TORCH_CHECK(total == full.size(0), "Comm::reduce_scatter on group '", name_, "': sizes sum to ", total,
               " but the tensor has ", full.size(0), " rows");
-  if (size_ == 1) return full;
+  return extents;
+}
+
+CommWork Comm::start_reduce_scatter(torch::Tensor& out, const torch::Tensor& full, const std::vector<int64_t>& sizes) {
+  if (size_ == 1 || full.is_cuda()) {  // CUDA: ordered on the stream already
+    out = reduce_scatter(full, sizes);
+    return {};
+  }
+  const std::vector<int64_t> extents = scatter_extents(full, sizes);
   stats_.reduce_scatter_calls += 1;
   stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
-  torch::NoGradGuard no_grad;
-  Stopwatch timed(stats_.seconds);
-  wait_all();
-  return reduce_scatter_rows(full, extents);
+  std::vector<int64_t> chunk_shape = full.sizes().vec();
+  chunk_shape[0] = extents[rank_];
+  out = torch::empty(chunk_shape, full.options());
+  return post("reduce_scatter", [this, out, full, extents]() mutable {
+    torch::NoGradGuard no_grad;
+    out.copy_(reduce_scatter_rows(full, extents));
+  });
 }
 
 torch::Tensor Comm::reduce_scatter_rows(const torch::Tensor& full, const std::vector<int64_t>& extents) {

@@ -14,6 +14,7 @@
 #include "autotp/model/rms_norm.h"
 #include "autotp/base/error.h"
 #include "autotp/tp/parallel_layers.h"
+#include "autotp/model/layer_schedule.h"
 
 namespace autotp {
 namespace {
@@ -340,24 +341,44 @@ LoadReport CausalLM::load(const io::CheckpointReader& checkpoint) {
 }
 
 torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x) {
-  // Local matmul only: the block entry/exit collectives are applied by the caller.
+  // A whole (replicated) layer; split ones go through column_inputs and row_partial.
   const Parameter* w = find(module + ".weight");
   TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
   torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
-  torch::Tensor bias = tensor(module + ".bias");
-  if (w->entry->role == TpRole::kRow) {
-    auto partial = torch::matmul(x, weight.t());
-    auto y = sequence_parallel_ ? reduce_scatter_to_sp(partial, tp_, 1, sequence_sizes_) : reduce_from_tp(partial, tp_);
-    return bias.defined() ? y + bias : y;
-  }
-  return F::linear(x, weight, bias);
+  return F::linear(x, weight, tensor(module + ".bias"));
 }
 
 torch::Tensor CausalLM::enter_block(const torch::Tensor& h, bool split) {
   if (!sequence_parallel_) return split ? copy_to_tp(h, tp_) : h;
-  AUTOTP_USER_CHECK(split, "sequence_parallel needs every attention and MLP block split over tp; this plan "
-                           "replicates one (allowed: sequence_parallel false)");
+  check_split_under_sp(split);
   return gather_from_sp(h, tp_, 1, sequence_sizes_);
+}
+
+void CausalLM::check_split_under_sp(bool split) const {
+  AUTOTP_USER_CHECK(!sequence_parallel_ || split,
+                    "sequence_parallel needs every attention and MLP block split over tp; this plan "
+                    "replicates one (allowed: sequence_parallel false)");
+}
+
+std::vector<torch::Tensor> CausalLM::column_inputs(const std::vector<std::string>& modules, const torch::Tensor& h) {
+  const Parameter* first = find(modules.front() + ".weight");
+  std::vector<torch::Tensor> outputs;
+  if (!is_split(*first->entry)) {  // a replicated block: plain layers
+    check_split_under_sp(false);
+    for (const auto& m : modules) outputs.push_back(linear(m, h));
+    return outputs;
+  }
+  std::vector<torch::Tensor> weights;
+  for (const auto& m : modules) {
+    const Parameter* w = find(m + ".weight");
+    weights.push_back(w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor);
+  }
+  outputs = column_parallel_inputs(h, weights, tp_, {sequence_parallel_, sequence_sizes_, plan_.overlap_comm()});
+  for (size_t j = 0; j < modules.size(); ++j) {
+    torch::Tensor bias = tensor(modules[j] + ".bias");
+    if (bias.defined()) outputs[j] = outputs[j] + bias;
+  }
+  return outputs;
 }
 
 torch::Tensor CausalLM::attention(int64_t layer, const std::string& q_param, const torch::Tensor& q,
@@ -399,11 +420,16 @@ torch::Tensor CausalLM::norm(const std::string& module, const torch::Tensor& x) 
 torch::Tensor CausalLM::dropout(const torch::Tensor& x, int64_t layer, DropoutSite site, double p,
                                 std::vector<DimRanges> dims) {
   if (!dropout_ || p == 0) return x;
-  if (dims.empty())  // under sequence parallelism dim 1 is this rank's tokens of the sequence
+  // Dim 1 is a slice of the sequence under sequence parallelism or in a sequence piece
+  // (layer_schedule.h); a batch piece starts further into the step's samples.
+  const bool token_slice = sequence_parallel_ || piece_axis_ == PieceAxis::kSequence;
+  const int64_t token_offset = sequence_parallel_ ? sequence_offset_ : piece_offset_;
+  if (dims.empty())
     for (int64_t d = 1; d < x.dim(); ++d)
-      dims.push_back(sequence_parallel_ && d == 1 ? DimRanges{sequence_length_, {Segment{sequence_offset_, x.size(1)}}}
-                                                  : DimRanges{x.size(d), {}});
-  dims.insert(dims.begin(), DimRanges{dropout_->step_samples, {Segment{dropout_->sample_offset, x.size(0)}}});
+      dims.push_back(token_slice && d == 1 ? DimRanges{sequence_length_, {Segment{token_offset, x.size(1)}}}
+                                           : DimRanges{x.size(d), {}});
+  const int64_t sample_offset = dropout_->sample_offset + (piece_axis_ == PieceAxis::kBatch ? piece_offset_ : 0);
+  dims.insert(dims.begin(), DimRanges{dropout_->step_samples, {Segment{sample_offset, x.size(0)}}});
   return apply_dropout(x, DropoutKey{dropout_->seed, dropout_->step, layer, site}, p, dims);
 }
 
@@ -416,54 +442,70 @@ torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const
                                     const torch::Tensor& sin) {
   const std::string p = fmt::format("model.layers.{}.", layer);
   const int64_t D = config_.head_dim;
-  auto h = norm(p + "input_layernorm", x);
   const bool fused = config_.fused_projections;
   const std::string q_param = p + (fused ? "self_attn.qkv_proj.weight" : "self_attn.q_proj.weight");
   const Parameter* q_w = find(q_param);
-  h = enter_block(h, is_split(*q_w->entry));
-  const int64_t B = h.size(0), T = h.size(1);  // the whole sequence, also under sequence parallelism
-  torch::Tensor q, k, v;
-  if (fused) {  // Phi-3: this rank's [q | k | v] columns, each part split on its own
-    std::vector<int64_t> widths;
-    if (q_w->spec().is_replicated())
-      widths = {config_.num_heads * D, config_.num_kv_heads * D, config_.num_kv_heads * D};
-    else
-      for (const Segment& s : q_w->spec().segments(tp_.rank())) widths.push_back(s.length);
-    auto parts = linear(p + "self_attn.qkv_proj", h).split_with_sizes(widths, -1);
-    q = parts[0], k = parts[1], v = parts[2];
-  } else {
-    q = linear(p + "self_attn.q_proj", h);
-    k = linear(p + "self_attn.k_proj", h);
-    v = linear(p + "self_attn.v_proj", h);
+  LayerBlocks blocks = row_reductions();
+  blocks.attention = [&](const torch::Tensor& xs) {
+    auto h = norm(p + "input_layernorm", xs);
+    torch::Tensor q, k, v;
+    if (fused) {  // Phi-3: this rank's [q | k | v] columns, each part split on its own
+      std::vector<int64_t> widths;
+      if (q_w->spec().is_replicated())
+        widths = {config_.num_heads * D, config_.num_kv_heads * D, config_.num_kv_heads * D};
+      else
+        for (const Segment& s : q_w->spec().segments(tp_.rank())) widths.push_back(s.length);
+      auto parts = column_inputs({p + "self_attn.qkv_proj"}, h).front().split_with_sizes(widths, -1);
+      q = parts[0], k = parts[1], v = parts[2];
+    } else {
+      auto qkv = column_inputs({p + "self_attn.q_proj", p + "self_attn.k_proj", p + "self_attn.v_proj"}, h);
+      q = qkv[0], k = qkv[1], v = qkv[2];
+    }
+    const int64_t B = q.size(0), T = q.size(1);  // the whole sequence, also under sequence parallelism
+    q = q.view({B, T, -1, D});
+    k = k.view({B, T, -1, D});
+    v = v.view({B, T, -1, D}).transpose(1, 2);
+    if (config_.qk_norm) {  // Qwen3, Gemma 3: per head, before RoPE
+      q = norm(p + "self_attn.q_norm", q);
+      k = norm(p + "self_attn.k_norm", k);
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    return row_partial(p + "self_attn.o_proj", attention(layer, q_param, q, k, v));
+  };
+  blocks.after_attention = [&](const torch::Tensor& xs, const torch::Tensor& reduced) {
+    auto attn = row_output(p + "self_attn.o_proj", reduced);
+    if (config_.gemma_norms) attn = norm(p + "post_attention_layernorm", attn);  // Gemma: norms the block's output
+    return xs + dropout(attn, layer, DropoutSite::kAttentionOutput, config_.residual_dropout);
+  };
+  const std::string mlp_norm = p + (config_.gemma_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+  if (config_.is_sparse(layer)) {  // the sparse block reduces inside: never cut in pieces
+    blocks.attention_split = is_split(*q_w->entry);
+    auto out = run_attention_block(x, blocks);
+    return out + moe_block(layer, norm(mlp_norm, out));
   }
-  q = q.view({B, T, -1, D});
-  k = k.view({B, T, -1, D});
-  v = v.view({B, T, -1, D}).transpose(1, 2);
-  if (config_.qk_norm) {  // Qwen3, Gemma 3: per head, before RoPE
-    q = norm(p + "self_attn.q_norm", q);
-    k = norm(p + "self_attn.k_norm", k);
-  }
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
-  auto attn = linear(p + "self_attn.o_proj", attention(layer, q_param, q, k, v));
-  if (config_.gemma_norms) attn = norm(p + "post_attention_layernorm", attn);  // Gemma: norms the block's output
-  auto out = x + dropout(attn, layer, DropoutSite::kAttentionOutput, config_.residual_dropout);
-
-  h = norm(p + (config_.gemma_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm"), out);
-  if (config_.is_sparse(layer)) return out + moe_block(layer, h);
-  h = enter_block(h, is_split(*find(p + (fused ? "mlp.gate_up_proj.weight" : "mlp.gate_proj.weight"))->entry));
-  torch::Tensor mlp;
-  if (fused) {  // Phi-3: this rank's gate columns, then as many up columns
-    auto gate_up = linear(p + "mlp.gate_up_proj", h).chunk(2, -1);
-    mlp = gate_up[1] * mlp_activation(gate_up[0]);
-  } else {
-    mlp = mlp_activation(linear(p + "mlp.gate_proj", h)) * linear(p + "mlp.up_proj", h);
-  }
-  mlp = linear(p + "mlp.down_proj", mlp);
-  if (config_.gemma_norms) mlp = norm(p + "post_feedforward_layernorm", mlp);
-  return out + dropout(mlp, layer, DropoutSite::kMlpOutput, config_.residual_dropout);
+  blocks.mlp = [&](const torch::Tensor& out) {
+    auto h = norm(mlp_norm, out);
+    torch::Tensor mlp;
+    if (fused) {  // Phi-3: this rank's gate columns, then as many up columns
+      auto gate_up = column_inputs({p + "mlp.gate_up_proj"}, h).front().chunk(2, -1);
+      mlp = gate_up[1] * mlp_activation(gate_up[0]);
+    } else {
+      auto gate_up = column_inputs({p + "mlp.gate_proj", p + "mlp.up_proj"}, h);
+      mlp = mlp_activation(gate_up[0]) * gate_up[1];
+    }
+    return row_partial(p + "mlp.down_proj", mlp);
+  };
+  blocks.after_mlp = [&](const torch::Tensor& out, const torch::Tensor& reduced) {
+    auto mlp = row_output(p + "mlp.down_proj", reduced);
+    if (config_.gemma_norms) mlp = norm(p + "post_feedforward_layernorm", mlp);
+    return out + dropout(mlp, layer, DropoutSite::kMlpOutput, config_.residual_dropout);
+  };
+  blocks.attention_split = is_split(*q_w->entry);
+  blocks.mlp_split = is_split(*find(p + (fused ? "mlp.gate_up_proj.weight" : "mlp.gate_proj.weight"))->entry);
+  return run_layer_blocks(x, blocks, piece_axis(x, blocks));
 }
 
 torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
@@ -523,30 +565,76 @@ torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {
   const std::string p = fmt::format("transformer.h.{}.", layer);
   const int64_t D = config_.head_dim;
   const int64_t H = x.size(-1);
-  auto h = F::layer_norm(x, F::LayerNormFuncOptions({H})
-                                .weight(tensor(p + "ln_1.weight"))
-                                .bias(tensor(p + "ln_1.bias"))
-                                .eps(config_.norm_eps));
   const Parameter* qkv_w = find(p + "attn.c_attn.weight");
-  h = enter_block(h, is_split(*qkv_w->entry));
-  const int64_t B = h.size(0), T = h.size(1);  // the whole sequence, also under sequence parallelism
-  auto qkv = linear(p + "attn.c_attn", h);
-  auto heads = local_heads(config_, qkv_w->spec(), tp_.rank());
-  int64_t width = heads.count * D;  // GPT-2 has as many kv heads as query heads
-  auto parts = qkv.split(width, -1);
-  auto q = parts[0].view({B, T, -1, D}).transpose(1, 2);
-  auto k = parts[1].view({B, T, -1, D}).transpose(1, 2);
-  auto v = parts[2].view({B, T, -1, D}).transpose(1, 2);
-  auto attn = attention(layer, p + "attn.c_attn.weight", q, k, v);
-  auto out = x + dropout(linear(p + "attn.c_proj", attn), layer, DropoutSite::kAttentionOutput, config_.residual_dropout);
+  auto layer_norm = [&](const std::string& module, const torch::Tensor& in) {
+    return F::layer_norm(in, F::LayerNormFuncOptions({H})
+                                 .weight(tensor(module + ".weight"))
+                                 .bias(tensor(module + ".bias"))
+                                 .eps(config_.norm_eps));
+  };
+  LayerBlocks blocks = row_reductions();
+  blocks.attention = [&](const torch::Tensor& xs) {
+    auto qkv = column_inputs({p + "attn.c_attn"}, layer_norm(p + "ln_1", xs)).front();
+    const int64_t B = qkv.size(0), T = qkv.size(1);  // the whole sequence, also under sequence parallelism
+    auto heads = local_heads(config_, qkv_w->spec(), tp_.rank());
+    int64_t width = heads.count * D;  // GPT-2 has as many kv heads as query heads
+    auto parts = qkv.split(width, -1);
+    auto q = parts[0].view({B, T, -1, D}).transpose(1, 2);
+    auto k = parts[1].view({B, T, -1, D}).transpose(1, 2);
+    auto v = parts[2].view({B, T, -1, D}).transpose(1, 2);
+    return row_partial(p + "attn.c_proj", attention(layer, p + "attn.c_attn.weight", q, k, v));
+  };
+  blocks.after_attention = [&](const torch::Tensor& xs, const torch::Tensor& reduced) {
+    return xs + dropout(row_output(p + "attn.c_proj", reduced), layer, DropoutSite::kAttentionOutput,
+                        config_.residual_dropout);
+  };
+  blocks.mlp = [&](const torch::Tensor& out) {
+    return row_partial(p + "mlp.c_proj", gelu_new(column_inputs({p + "mlp.c_fc"}, layer_norm(p + "ln_2", out)).front()));
+  };
+  blocks.after_mlp = [&](const torch::Tensor& out, const torch::Tensor& reduced) {
+    return out + dropout(row_output(p + "mlp.c_proj", reduced), layer, DropoutSite::kMlpOutput,
+                         config_.residual_dropout);
+  };
+  blocks.attention_split = is_split(*qkv_w->entry);
+  blocks.mlp_split = is_split(*find(p + "mlp.c_fc.weight")->entry);
+  return run_layer_blocks(x, blocks, piece_axis(x, blocks));
+}
 
-  h = F::layer_norm(out, F::LayerNormFuncOptions({H})
-                             .weight(tensor(p + "ln_2.weight"))
-                             .bias(tensor(p + "ln_2.bias"))
-                             .eps(config_.norm_eps));
-  h = enter_block(h, is_split(*find(p + "mlp.c_fc.weight")->entry));
-  auto mlp = gelu_new(linear(p + "mlp.c_fc", h));
-  return out + dropout(linear(p + "mlp.c_proj", mlp), layer, DropoutSite::kMlpOutput, config_.residual_dropout);
+LayerBlocks CausalLM::row_reductions() {
+  LayerBlocks b;
+  b.reduce = [this](const torch::Tensor& partial) {
+    return sequence_parallel_ ? reduce_scatter_to_sp(partial, tp_, 1, sequence_sizes_) : reduce_from_tp(partial, tp_);
+  };
+  b.start_reduce = [this](const torch::Tensor& partial) {
+    return sequence_parallel_ ? start_reduce_scatter_to_sp(partial, tp_, 1, sequence_sizes_)
+                              : start_reduce_from_tp(partial, tp_);
+  };
+  b.enter_piece = [this](PieceAxis axis, int64_t offset) {
+    piece_axis_ = offset < 0 ? PieceAxis::kNone : axis;
+    piece_offset_ = std::max<int64_t>(offset, 0);
+  };
+  return b;
+}
+
+PieceAxis CausalLM::piece_axis(const torch::Tensor& x, const LayerBlocks& blocks) const {
+  if (!plan_.overlap_comm() || !blocks.attention_split || !blocks.mlp_split) return PieceAxis::kNone;
+  if (x.size(0) >= 2) return PieceAxis::kBatch;
+  // One sequence: cut along it, except under sequence parallelism (each rank holds a slice already).
+  return !sequence_parallel_ && x.size(1) >= 2 ? PieceAxis::kSequence : PieceAxis::kNone;
+}
+
+torch::Tensor CausalLM::row_partial(const std::string& module, const torch::Tensor& x) {
+  const Parameter* w = find(module + ".weight");
+  TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
+  if (w->entry->role != TpRole::kRow) return linear(module, x);  // a replicated block: the whole output
+  torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
+  return torch::matmul(x, weight.t());
+}
+
+torch::Tensor CausalLM::row_output(const std::string& module, const torch::Tensor& reduced) {
+  if (find(module + ".weight")->entry->role != TpRole::kRow) return reduced;  // bias added already
+  torch::Tensor bias = tensor(module + ".bias");
+  return bias.defined() ? reduced + bias : reduced;  // once, after the reduction
 }
 
 torch::Tensor CausalLM::embed(const torch::Tensor& ids) {
@@ -567,13 +655,14 @@ int64_t CausalLM::vocab_start() const {
 
 torch::Tensor CausalLM::lm_head_logits(const torch::Tensor& hidden) {
   const Parameter& head = head_param(params_, config_.tie_word_embeddings);
-  torch::Tensor input = hidden;
-  if (sequence_parallel_)  // a replicated head's gradient is whole on every rank: keep this rank's tokens
-    input = is_split(*head.entry) ? gather_from_sp(hidden, tp_, 1, sequence_sizes_)
-                                  : gather_from_tp(hidden, tp_, 1, sequence_sizes_);
-  else if (is_split(*head.entry))
-    input = copy_to_tp(hidden, tp_);
-  auto logits = torch::matmul(input, head.tensor.t());
+  torch::Tensor logits;
+  if (is_split(*head.entry))  // vocab-parallel: a column-parallel layer over the vocabulary
+    logits = column_parallel_inputs(hidden, {head.tensor}, tp_,
+                                    {sequence_parallel_, sequence_sizes_, plan_.overlap_comm()})
+                 .front();
+  else  // a replicated head's gradient is whole on every rank: under sequence parallelism keep this rank's tokens
+    logits = torch::matmul(sequence_parallel_ ? gather_from_tp(hidden, tp_, 1, sequence_sizes_) : hidden,
+                           head.tensor.t());
   if (config_.final_softcap > 0)  // Gemma 2, elementwise: each rank caps its vocab slice
     logits = torch::tanh(logits / config_.final_softcap) * config_.final_softcap;
   return logits;
@@ -604,10 +693,10 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
     x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
   if (config_.family == ModelFamily::kGpt2)
     x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, on_device.dtype(torch::kLong))).unsqueeze(0);
+  sequence_length_ = T;
   if (sequence_parallel_) {  // from here to the head each rank holds its tokens (backward: all-gather)
     sequence_sizes_ = sequence_shard_sizes(T, tp_.size());
     sequence_offset_ = std::accumulate(sequence_sizes_.begin(), sequence_sizes_.begin() + tp_.rank(), int64_t{0});
-    sequence_length_ = T;
     x = scatter_to_tp(x, tp_, 1, sequence_sizes_);
   }
   x = dropout(x, kEmbeddingUse, DropoutSite::kEmbedding, config_.embedding_dropout);

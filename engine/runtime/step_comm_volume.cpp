@@ -60,13 +60,19 @@ StepCommVolume analytic_step_comm_volume(CausalLM& model, const TrainConfig& con
       for (int64_t l : config.activation_checkpointing.layers) ts.recompute[l] = true;
     }
     ts.tokens = N;
+    ts.micro_batch = shape.micro_batch;
+    ts.sequence_parallel = model.plan().sequence_parallel();
+    ts.overlap = model.plan().overlap_comm();
     ts.hidden = mc.hidden_size;
     ts.zero_stage = stage;
     ts.element_bytes = e;
     ts.fp32_accumulation = fp32_accumulation;
     for (const auto& c : tp_step_collectives(ts)) {
       const int64_t times = c.per_micro_batch ? G : 1;
-      v.tp.all_reduce.add(times * c.calls, times * c.bytes);
+      CollectiveVolume& into = c.op == TpOp::kAllGather       ? v.tp.all_gather
+                               : c.op == TpOp::kReduceScatter ? v.tp.reduce_scatter
+                                                              : v.tp.all_reduce;
+      into.add(times * c.calls, times * c.bytes);
     }
   }
 

@@ -8,6 +8,73 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+class ColumnParallelInputs : public torch::autograd::Function<ColumnParallelInputs> {
+ public:
+  // `weights` as a TensorList: autograd tracks each of them.
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, at::TensorList weights, Comm* tp,
+                               const ColumnInputOptions& options) {
+    torch::Tensor x_full = options.sequence_parallel ? tp->all_gather(x, 1, options.sequence_sizes) : x;
+    variable_list outputs;
+    for (const auto& w : weights) outputs.push_back(torch::matmul(x_full, w.t()));
+    variable_list saved{x};  // under sequence parallelism only this rank's tokens
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(tp);
+    ctx->saved_data["sequence_parallel"] = options.sequence_parallel;
+    ctx->saved_data["sizes"] = options.sequence_sizes;
+    ctx->saved_data["overlap"] = options.overlap;
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    Comm& tp = *reinterpret_cast<Comm*>(ctx->saved_data.at("comm").toInt());
+    const bool sp = ctx->saved_data.at("sequence_parallel").toBool(), overlap = ctx->saved_data.at("overlap").toBool();
+    const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();
+    // Under sequence parallelism the input is gathered again, behind the input-gradient GEMM.
+    torch::Tensor x_full = x;
+    CommWork gather;
+    if (sp && overlap)
+      gather = tp.start_all_gather(x_full, x, 1, sizes);
+    else if (sp)
+      x_full = tp.all_gather(x, 1, sizes);
+    torch::Tensor grad_x;
+    for (size_t j = 1; j < saved.size(); ++j) {
+      if (!grads[j - 1].defined()) continue;
+      auto term = torch::matmul(grads[j - 1], saved[j]);
+      grad_x = grad_x.defined() ? grad_x.add_(term) : term;
+    }
+    gather.wait();
+    if (!grad_x.defined()) grad_x = torch::zeros(x_full.sizes(), x.options());
+    // The input gradient's reduction runs while the weight gradients compute (overlap).
+    torch::Tensor reduced;
+    CommWork reduce;
+    if (sp) {
+      torch::Tensor rows = grad_x.movedim(1, 0).contiguous();
+      if (overlap)
+        reduce = tp.start_reduce_scatter(reduced, rows, sizes);
+      else
+        reduced = tp.reduce_scatter(rows, sizes);
+    } else {
+      reduced = grad_x.contiguous();
+      if (overlap)
+        reduce = tp.start_all_reduce(reduced);
+      else
+        tp.all_reduce(reduced);
+    }
+    variable_list out(saved.size() + 2);  // x, the weights, then the Comm and the options
+    const auto x_rows = x_full.reshape({-1, x_full.size(-1)});
+    for (size_t j = 1; j < saved.size(); ++j) {
+      const auto& g = grads[j - 1];
+      out[j] = g.defined() ? g.reshape({-1, g.size(-1)}).t().mm(x_rows) : torch::zeros_like(saved[j]);
+    }
+    reduce.wait();
+    out[0] = sp ? reduced.movedim(0, 1) : reduced;
+    return out;
+  }
+};
+
 class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallelCrossEntropy> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& targets,
@@ -18,10 +85,10 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     auto max = std::get<0>(logits.max(1));
     tp->all_reduce(max, ReduceOp::kMax);
     auto shifted = logits - max.unsqueeze(1);
-    auto exp = shifted.exp();
     auto local_targets = targets - vocab_start;
     auto mine = (local_targets >= 0) & (local_targets < local_vocab);
     auto picked = shifted.gather(1, local_targets.clamp(0, local_vocab - 1).unsqueeze(1)).squeeze(1) * mine;
+    auto exp = shifted.exp_();  // in place: one [N, V_local] buffer besides the logits
     // One all-reduce carries both the partition function and the target logit.
     auto sums = torch::stack({exp.sum(1), picked});
     tp->all_reduce(sums, ReduceOp::kSum);
@@ -106,6 +173,12 @@ torch::Tensor gather_full(const ShardSpec& spec, const torch::Tensor& local, Com
     offset += sizes[r];
   }
   return full;
+}
+
+std::vector<torch::Tensor> column_parallel_inputs(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                                                  Comm& tp, const ColumnInputOptions& options) {
+  TORCH_CHECK(!weights.empty(), "column_parallel_inputs: no weights");
+  return ColumnParallelInputs::apply(x, at::TensorList(weights), &tp, options);
 }
 
 }  // namespace autotp

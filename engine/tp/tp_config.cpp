@@ -41,10 +41,7 @@ TensorParallelConfig TensorParallelConfig::read(const JsonSection& top) {
   int64_t size = s.integer("autotp_size", t.autotp_size);
   s.check(size >= 0 && size <= INT32_MAX, "autotp_size", "an integer >= 1 that divides the world size (0 = off)");
   t.autotp_size = size == 0 ? 1 : static_cast<int>(size);  // DeepSpeed: 0 turns AutoTP off
-  if (s.boolean("tp_overlap_comm", false))
-    s.fail("{}: true overlaps DeepSpeed's tensor-parallel all-reduces with compute; autotp's tp collectives run "
-           "synchronously (not yet implemented; ZeRO's overlap is zero_optimization.overlap_comm)",
-           s.where("tp_overlap_comm"));
+  t.overlap_comm = s.boolean("tp_overlap_comm", false);
   t.dtype = s.string("dtype", "");
   t.sequence_parallel = s.boolean("sequence_parallel", false);
   read_inner_tp(s, t.autotp_size);
@@ -82,6 +79,7 @@ TpPlanOptions TensorParallelConfig::plan_options() const {
   options.tp_size = autotp_size;
   options.layer_specs = layer_specs;
   options.sequence_parallel = sequence_parallel;
+  options.overlap_comm = overlap_comm;
   return options;
 }
 
@@ -89,6 +87,7 @@ nlohmann::json TensorParallelConfig::to_json() const {
   nlohmann::json tp = {{"autotp_size", autotp_size}};
   if (!dtype.empty()) tp["dtype"] = dtype;
   if (sequence_parallel) tp["sequence_parallel"] = true;
+  if (overlap_comm) tp["tp_overlap_comm"] = true;
   if (!layer_specs.empty()) {
     nlohmann::json specs = nlohmann::json::array();
     for (const auto& spec : layer_specs) {

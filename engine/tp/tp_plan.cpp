@@ -560,6 +560,7 @@ TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
   check_moe_blocks(plan.entries_);
   mark_partial_grads(plan.entries_, tp);
   plan.sequence_parallel_ = options.sequence_parallel && tp > 1;
+  plan.overlap_comm_ = options.overlap_comm && tp > 1;
   if (plan.sequence_parallel_) mark_sequence_parallel_grads(plan.entries_);
   return plan;
 }

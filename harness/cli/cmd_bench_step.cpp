@@ -64,7 +64,7 @@ struct Args {
   std::string model, json, dtype = "f32", profile;
   int tp = 1, zero = 0;
   int64_t micro_batch = 4, seq_len = 256, gas = 1, steps = 5, warmup = 2;
-  bool checkpointing = false, sequence_parallel = false;
+  bool checkpointing = false, sequence_parallel = false, tp_overlap_comm = false;
   std::optional<bool> overlap_comm;
   uint64_t seed = 1;
   WorldOptions world;
@@ -77,7 +77,10 @@ TrainConfig bench_config(const Args& args, torch::ScalarType dtype, int world_si
                        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}, {"weight_decay", 0.01}}}}},
                        {"gradient_clipping", 1.0},
                        {"zero_optimization", {{"stage", args.zero}}},
-                       {"tensor_parallel", {{"autotp_size", args.tp}, {"sequence_parallel", args.sequence_parallel}}},
+                       {"tensor_parallel",
+                        {{"autotp_size", args.tp},
+                         {"sequence_parallel", args.sequence_parallel},
+                         {"tp_overlap_comm", args.tp_overlap_comm}}},
                        {"seed", args.seed}};
   if (dtype == torch::kBFloat16) ds["bf16"] = {{"enabled", true}};
   if (args.checkpointing) ds["activation_checkpointing"] = {{"enabled", true}};
@@ -154,6 +157,8 @@ void add_bench_step_options(CLI::App& cmd, Args& args) {
   cmd.add_option("--tp", args.tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
   cmd.add_flag("--sequence-parallel", args.sequence_parallel,
                "tensor_parallel.sequence_parallel: norms, residuals and dropout on 1/tp of the sequence");
+  cmd.add_flag("--tp-overlap-comm", args.tp_overlap_comm,
+               "tensor_parallel.tp_overlap_comm: tp collectives overlapped with compute");
   cmd.add_option("--zero", args.zero, "ZeRO stage 0-3 over the data-parallel group (default 0)")
       ->check(CLI::Range(0, 3));
   cmd.add_option("--micro-batch", args.micro_batch, "Sequences per micro-batch per rank (default 4)")
@@ -374,6 +379,8 @@ void write_step_json(const StepReport& r, const Args& args, const TrainConfig& c
               {"tp", r.tp},
               {"dp", r.dp},
               {"zero_stage", config.zero.stage},
+              {"sequence_parallel", args.sequence_parallel},
+              {"tp_overlap_comm", args.tp_overlap_comm},
               {"world", r.world},
               {"micro_batch", args.micro_batch},
               {"seq_len", args.seq_len},

@@ -37,7 +37,7 @@ struct SimulateArgs {
   int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
   std::string recompute = "off";
   std::optional<double> inter_node_bw, host_steal;
-  bool activation_checkpointing = false, json = false, sweep = false, calibrate = false;
+  bool activation_checkpointing = false, json = false, sweep = false, calibrate = false, sequence_parallel = false;
   std::optional<bool> overlap_comm;  // unset: as the engine, on for GPU clusters, off on cpu-local
   bool dtype_given = false;          // --dtype on the command line (--calibrate then times that dtype, else fp32)
   WorldOptions world;
@@ -104,6 +104,7 @@ sim::SimLayout layout_from(const SimulateArgs& args, const sim::ClusterSpec& clu
   l.dtype = parse_sim_dtype(args.dtype, "--dtype");
   l.activation_checkpointing = args.activation_checkpointing || args.recompute == "full";
   l.selective_recompute = args.recompute == "selective";
+  l.sequence_parallel = args.sequence_parallel;
   l.optimizer.type = args.optimizer;
   l.reduce_bucket_size = args.reduce_bucket_size;
   l.allgather_bucket_size = args.allgather_bucket_size;
@@ -260,6 +261,7 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   a.zero = lay.at("zero_stage").get<int>();
   a.dtype = lay.at("dtype").get<std::string>();
   a.overlap_comm = lay.value("overlap_comm", false);  // files from before overlap ran synchronously
+  a.sequence_parallel = lay.value("sequence_parallel", false);
   // Newer files also carry the step's shape and ZeRO buckets; older ones take them from the flags.
   a.micro_batch = lay.value("micro_batch", a.micro_batch);
   a.gas = lay.value("gradient_accumulation_steps", a.gas);
@@ -374,6 +376,8 @@ void register_simulate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--activation-checkpointing", args->activation_checkpointing,
                 "Recompute every layer in the backward (= --recompute full)");
+  cmd->add_flag("--sequence-parallel", args->sequence_parallel,
+                "tensor_parallel.sequence_parallel: the residual stream's activations on 1/tp of the sequence");
   cmd->add_option("--recompute", args->recompute, "Activation recomputation: off | selective | full (default off)")
       ->check(CLI::IsMember({"off", "selective", "full"}));
   cmd->add_option("--overlap-comm", args->overlap_comm,

@@ -39,6 +39,8 @@ nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& to
   line["layout"] = {{"tp", topology.tp_size()}, {"dp", topology.dp_size()}, {"zero_stage", config.zero.stage},
                     {"world", topology.world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())},
                     {"overlap_comm", config.zero.overlaps(trainer.model().device().is_cuda())},
+                    {"sequence_parallel", trainer.model().plan().sequence_parallel()},
+                    {"tp_overlap_comm", trainer.model().plan().overlap_comm()},
                     // What `autotp simulate --measured` needs to simulate the same step.
                     {"micro_batch", config.train_micro_batch_size_per_gpu},
                     {"gradient_accumulation_steps", config.gradient_accumulation_steps},

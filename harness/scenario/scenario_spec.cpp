@@ -164,7 +164,10 @@ json variant_config(const json& base, const Layout& layout) {
 }
 
 std::string layout_summary(const Layout& l) {
-  return fmt::format("tp {} ZeRO-{} {}{}{}", l.tp, l.zero_stage, l.dtype,
+  const json tp = l.overrides.value("tensor_parallel", json::object());
+  auto flag = [&](const char* key) { return tp.is_object() && tp.value(key, false) == true; };
+  return fmt::format("tp {}{}{} ZeRO-{} {}{}{}", l.tp, flag("sequence_parallel") ? " + sequence parallel" : "",
+                     flag("tp_overlap_comm") ? " + tp overlap" : "", l.zero_stage, l.dtype,
                      l.micro_batch ? fmt::format(" micro-batch {}", l.micro_batch) : "",
                      l.recompute == "off" ? "" : " " + l.recompute + " recomputation");
 }

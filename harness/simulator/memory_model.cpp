@@ -20,6 +20,9 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   const bool f32 = l.dtype == torch::kFloat32;
   const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T, H = s.hidden, D = s.head_dim;
   const int64_t BTH = BT * H, heads = s.local_heads, I = s.local_intermediate, V = s.local_vocab;
+  // The residual stream between blocks: this rank's tokens under sequence parallelism
+  // (norms, their outputs kept by the block inputs, a recomputed layer's input).
+  const int64_t Bt = B * l.stream_tokens(), BtH = Bt * H;
   // Fused attention (scaled_dot_product_attention) keeps no [T, T] scores: it
   // saves its output [B, heads, T, D] and the fp32 log-sum-exp of each row.
   const int64_t attention_saved = a * BT * heads * D + 4 * B * heads * T;
@@ -27,16 +30,16 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   const int64_t attention_backward = 3 * a * BT * heads * D + (f32 ? 0 : 4 * BT * heads * D);
   ActivationParts p;
   if (s.gpt2) {
-    const int64_t norm = 2 * a * BTH + 8 * BT;  // LayerNorm input, mean, rstd; its output (read by the linear)
+    const int64_t norm = 2 * a * BtH + 8 * Bt;  // LayerNorm input, mean, rstd; its output (read by the linear)
     p.per_layer = 2 * norm + a * BT * heads * D * (3 /*qkv kept by the q view*/ + 2 /*k, v gathered*/ +
                                                     1 /*attention output*/) +
                   attention_saved + 5 * a * BT * I /*c_fc output, gelu_new's 3 saved terms, its output*/;
     p.recomputed = p.per_layer;
-    p.outer = BT * 8 + T * 8 + (2 * a * BTH + 8 * BT);  // token ids, positions, ln_f
+    p.outer = BT * 8 + T * 8 + norm;  // token ids, positions, ln_f
   } else {
     // RMSNorm (rms_norm.h) keeps its input and the fp32 reciprocal RMS of each
     // row; the linears after it keep its output.
-    const int64_t norm = 2 * a * BTH + 4 * BT;
+    const int64_t norm = 2 * a * BtH + 4 * Bt;
     p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
                    attention_saved + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
     p.per_layer = p.recomputed;
@@ -50,11 +53,12 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     p.per_layer -= attention_saved;
     p.layer_backward += attention_saved;
   }
-  p.layer_input = a * BTH;
+  p.layer_input = a * BtH;
   p.layer_backward = attention_backward + 2 * a * BTH;
   if (s.gpt2) p.layer_backward += 2 * a * BT * I;  // gelu_new: its backward keeps two more gradients of the MLP width
   const int64_t ce_saved = 4 * BT * V + BT * 8 + 2 * BT;  // softmax (fp32), local targets, masks
-  p.head_forward = a * BT * V /*logits*/ + (f32 ? 0 : 4 * BT * V) /*fp32 copy*/ + 4 * BT * V /*shifted*/ + ce_saved;
+  // The softmax is computed in place in the shifted logits (one fp32 buffer, saved).
+  p.head_forward = a * BT * V /*logits*/ + (f32 ? 0 : 4 * BT * V) /*fp32 copy*/ + ce_saved;
   p.head_backward = ce_saved + (f32 ? 0 : a * BT * V) + a * BTH + a * V * H /*LM-head weight gradient*/;
   return p;
 }

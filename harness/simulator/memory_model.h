@@ -32,6 +32,7 @@ struct SimLayout {
   torch::ScalarType dtype = torch::kBFloat16;
   bool activation_checkpointing = false;     // full: every layer recomputed in the backward
   bool selective_recompute = false;          // the attention core recomputed (without full checkpointing)
+  bool sequence_parallel = false;            // tensor_parallel.sequence_parallel (tp > 1)
   OptimizerConfig optimizer;                 // AdamW by default (2 fp32 states)
   int64_t reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;        // elements per gradient bucket
   int64_t allgather_bucket_size = ZeroConfig{}.allgather_bucket_size;  // elements per parameter gather
@@ -40,6 +41,8 @@ struct SimLayout {
   bool cuda = true;          // the engine trains on GPUs (false: cpu-local); sizes the grad-norm chunk
   int dp() const { return gpus / tp; }
   bool recompute() const { return activation_checkpointing; }
+  // Tokens of a sequence the busiest rank holds between blocks (sequence_shard_sizes).
+  int64_t stream_tokens() const { return sequence_parallel && tp > 1 ? (seq_len + tp - 1) / tp : seq_len; }
 };
 
 struct MemoryEstimate {

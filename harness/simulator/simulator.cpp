@@ -42,6 +42,7 @@ nlohmann::json SimResult::to_json() const {
             {"dtype", dtype_label(layout.dtype)},
             {"activation_checkpointing", layout.activation_checkpointing},
             {"recompute", layout.recompute()},
+            {"sequence_parallel", layout.sequence_parallel},
             {"optimizer", layout.optimizer.type},
             {"overlap_comm", layout.overlap_comm}}},
           {"capacity_bytes", capacity_bytes},

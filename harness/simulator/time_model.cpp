@@ -244,8 +244,8 @@ void add_compute(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
 }
 
 // Tensor-parallel communication: the engine's own list of the step's tp
-// collectives (tp_step_collectives, tp/tp_traffic.h), every one an all-reduce,
-// priced by the cluster's collective model.
+// collectives (tp_step_collectives, tp/tp_traffic.h), each priced by the
+// cluster's collective model for its op.
 void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
                  const ClusterSpec& c) {
   const int tp = l.tp;
@@ -256,6 +256,8 @@ void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   ts.tp_size = tp;
   ts.recompute.assign(config.num_layers, l.recompute());
   ts.tokens = l.micro_batch * l.seq_len;
+  ts.micro_batch = l.micro_batch;
+  ts.sequence_parallel = l.sequence_parallel;
   ts.hidden = s.hidden;
   ts.zero_stage = l.zero_stage;
   ts.element_bytes = element_bytes(l);
@@ -264,8 +266,11 @@ void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   double micro_batch_s = 0, step_s = 0;
   int64_t micro_batch_calls = 0, step_calls = 0;
   for (const auto& x : tp_step_collectives(ts)) {
-    const double seconds = static_cast<double>(x.calls) *
-        collective_seconds(c, CollectiveOp::kAllReduce, static_cast<double>(x.bytes) / x.calls, tp, tp_scope);
+    const CollectiveOp op = x.op == TpOp::kAllGather       ? CollectiveOp::kAllGather
+                            : x.op == TpOp::kReduceScatter ? CollectiveOp::kReduceScatter
+                                                           : CollectiveOp::kAllReduce;
+    const double seconds =
+        static_cast<double>(x.calls) * collective_seconds(c, op, static_cast<double>(x.bytes) / x.calls, tp, tp_scope);
     (x.per_micro_batch ? micro_batch_s : step_s) += seconds;
     (x.per_micro_batch ? micro_batch_calls : step_calls) += x.calls;
   }

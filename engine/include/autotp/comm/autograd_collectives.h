@@ -26,6 +26,17 @@ torch::Tensor gather_from_sp(const torch::Tensor& input, Comm& comm, int64_t dim
 torch::Tensor reduce_scatter_to_sp(const torch::Tensor& input, Comm& comm, int64_t dim,
                                    const std::vector<int64_t>& sizes = {});
 
+// reduce_from_tp and reduce_scatter_to_sp started on the group's lane (Domino's
+// overlap): `output` may be read only after `work.wait()`; backward as the
+// blocking ones (identity; all-gather along dim).
+struct StartedReduction {
+  torch::Tensor output;
+  CommWork work;
+};
+StartedReduction start_reduce_from_tp(const torch::Tensor& input, Comm& comm);
+StartedReduction start_reduce_scatter_to_sp(const torch::Tensor& input, Comm& comm, int64_t dim,
+                                            const std::vector<int64_t>& sizes = {});
+
 // The sequence's remainder rule: of `length` tokens, rank r of `ranks` holds
 // length / ranks, plus one for r < length % ranks (the first ranks take the rest,
 // as uneven heads do).

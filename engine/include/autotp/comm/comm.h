@@ -107,6 +107,15 @@ class Comm {
   // waited). On a size-1 group they complete before returning.
   CommWork start_all_gather_into(const torch::Tensor& out, const torch::Tensor& local);
   CommWork start_reduce_scatter_into(const torch::Tensor& out, const torch::Tensor& full);
+  // all_reduce (sum, in place), all_gather along dim and reduce_scatter of rows
+  // started asynchronously (tensor-parallel overlap): the blocking calls' checks,
+  // results and counting; `out` is allocated at once and holds the result after
+  // wait(). CUDA tensors: all_reduce on NCCL's stream; the gathers and scatters
+  // are ordered on the current stream at once, as the blocking calls are.
+  CommWork start_all_reduce(const torch::Tensor& tensor);
+  CommWork start_all_gather(torch::Tensor& out, const torch::Tensor& local, int64_t dim,
+                            const std::vector<int64_t>& sizes = {});
+  CommWork start_reduce_scatter(torch::Tensor& out, const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
   // Blocks until every collective started on this group's lane has run.
   void wait_all();
   // Comms over the same process group must share one lane (Topology does this).
@@ -130,6 +139,18 @@ class Comm {
   void run(const char* op, Start&& start, bool settle = false);
   [[noreturn]] void fail(const char* op, const std::exception& error) const;
   void all_reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
+  // all_reduce_in_place without waiting for the lane (also run on the lane).
+  void reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_name);
+  // all_gather's checked shapes, and the gather itself into `out` (also run on the lane).
+  struct GatherLayout {
+    int64_t dim = 0;
+    std::vector<int64_t> extents, gathered_shape, padded_shape;
+    bool even = true;
+  };
+  GatherLayout gather_layout(const torch::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) const;
+  void gather_along(torch::Tensor& out, const torch::Tensor& local, const GatherLayout& layout);
+  // reduce_scatter's checked row counts per rank.
+  std::vector<int64_t> scatter_extents(const torch::Tensor& full, const std::vector<int64_t>& sizes) const;
   // Both all-gathers: `input` (this rank's block) into row r of `stacked` on every rank.
   void gather_blocks(const torch::Tensor& input, torch::Tensor& stacked, bool settle);
   // reduce_scatter without the checks and the counting (also run on the lane).

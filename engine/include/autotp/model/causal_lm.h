@@ -17,6 +17,7 @@
 #include "autotp/io/safetensors.h"
 #include "autotp/arch/model_config.h"
 #include "autotp/model/dropout_mask.h"
+#include "autotp/model/layer_schedule.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp {
@@ -146,6 +147,18 @@ class CausalLM {
   // A block's input: copied into the tp region (split block), all-gathered along the
   // sequence under sequence parallelism, or as it is (replicated block).
   torch::Tensor enter_block(const torch::Tensor& h, bool split);
+  void check_split_under_sp(bool split) const;
+  // A block's input projections (one module or q, k, v / gate, up), biases added:
+  // split blocks through column_parallel_inputs (sequence gather, overlapped backward).
+  std::vector<torch::Tensor> column_inputs(const std::vector<std::string>& modules, const torch::Tensor& h);
+  // A block's output layer: the local product of a row-parallel layer (whole for a
+  // replicated one), then its bias once after the reduction.
+  torch::Tensor row_partial(const std::string& module, const torch::Tensor& x);
+  torch::Tensor row_output(const std::string& module, const torch::Tensor& reduced);
+  // The reductions and piece tracking every layer shares (layer_schedule.h).
+  LayerBlocks row_reductions();
+  // How tp_overlap_comm cuts this layer's input: batch, sequence or not at all.
+  PieceAxis piece_axis(const torch::Tensor& x, const LayerBlocks& blocks) const;
   torch::Tensor embed(const torch::Tensor& ids);
   torch::Tensor lm_head_logits(const torch::Tensor& hidden);
   const Parameter* find(const std::string& name) const;
@@ -176,6 +189,9 @@ class CausalLM {
   bool sequence_parallel_ = false;
   std::vector<int64_t> sequence_sizes_;
   int64_t sequence_offset_ = 0, sequence_length_ = 0;
+  // The piece of the micro-batch a layer is computing under tp_overlap_comm.
+  PieceAxis piece_axis_ = PieceAxis::kNone;
+  int64_t piece_offset_ = 0;
   // Closures the current forward's backward calls (recomputed layers and
   // attention cores, backward hooks), alive until the next forward.
   std::vector<std::shared_ptr<void>> backward_state_;

@@ -14,6 +14,23 @@ namespace autotp {
 // on x, backward all-reduces x's gradient over the tp group.
 torch::Tensor column_parallel_linear(const torch::Tensor& x, const torch::Tensor& weight,
                                      const torch::Tensor& bias, Comm& tp);
+// The input projections of a split block as one autograd node (Megatron's
+// linear with asynchronous communication, for several weights at once): returns
+// x_full W_j^T for each weight (biases are the caller's). x is the block input:
+// this rank's tokens along dim 1 under sequence parallelism (all-gathered here),
+// else whole. Backward computes the input gradient sum_j g_j W_j, then its
+// all-reduce (reduce-scatter along the sequence under sequence parallelism) and
+// the weight gradients g_j^T x_full; with `overlap` the collective runs on the
+// group's lane while the weight-gradient GEMMs compute. Under sequence
+// parallelism the gathered input is not kept: backward gathers it again (behind
+// the input-gradient GEMM with `overlap`), so the block holds 1/tp of its input.
+struct ColumnInputOptions {
+  bool sequence_parallel = false;
+  std::vector<int64_t> sequence_sizes;  // every rank's tokens (sequence_shard_sizes)
+  bool overlap = false;
+};
+std::vector<torch::Tensor> column_parallel_inputs(const torch::Tensor& x, const std::vector<torch::Tensor>& weights,
+                                                  Comm& tp, const ColumnInputOptions& options);
 // y = all_reduce(x_local W_local^T) + b. x is split along its last dim like W's
 // input dim; the (replicated) bias is added once, after the reduce.
 torch::Tensor row_parallel_linear(const torch::Tensor& x_local, const torch::Tensor& weight,

@@ -18,6 +18,7 @@ struct TensorParallelConfig {
   std::vector<LayerSpec> layer_specs;  // partition_config, via parse_partition_config (tp_plan.h)
   std::string dtype;                   // "dtype" as given ("" when absent): must agree with bf16 / fp16
   bool sequence_parallel = false;      // norms, residuals and dropout on 1/tp of the sequence (tp > 1)
+  bool overlap_comm = false;           // tp_overlap_comm: tp collectives behind compute (tp > 1)
 
   TpPlanOptions plan_options() const;  // tp size, user layer specs and sequence parallelism
 

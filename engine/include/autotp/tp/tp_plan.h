@@ -44,6 +44,9 @@ struct TpPlanOptions {
   // Norms, residuals and dropout on a 1/tp slice of the sequence (Korthikanti et al.):
   // the hidden-stream norms' and row biases' gradients become partial sums over tp.
   bool sequence_parallel = false;
+  // tp_overlap_comm: tp collectives overlapped with compute (Domino's split of the
+  // micro-batch, the input-gradient reduction behind the weight-gradient GEMMs).
+  bool overlap_comm = false;
 };
 
 // Parses {"layer_specs": [...]} (the value of partition_config). UserError on bad keys.
@@ -70,6 +73,7 @@ class TpPlan {
 
   int tp_size() const { return tp_size_; }
   bool sequence_parallel() const { return sequence_parallel_; }
+  bool overlap_comm() const { return overlap_comm_; }
   const std::vector<PlanEntry>& entries() const { return entries_; }
   const PlanEntry& entry(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) > 0; }
@@ -81,7 +85,7 @@ class TpPlan {
 
  private:
   int tp_size_ = 1;
-  bool sequence_parallel_ = false;
+  bool sequence_parallel_ = false, overlap_comm_ = false;
   std::vector<PlanEntry> entries_;
   std::map<std::string, size_t> index_;
 };
