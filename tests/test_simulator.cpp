@@ -135,6 +135,29 @@ TEST(SimulatorMemory, FullRecomputationKeepsTwoBytesPerTokenAndHidden) {
   EXPECT_GT(saved(model.config) - saved(half), 16 * 2 * s * b * h * 16);
 }
 
+TEST(SimulatorMemory, SequenceParallelDividesTheResidualStreamByTp) {
+  // Per Llama layer the two norms' inputs (bf16), fp32 reciprocal RMS and outputs
+  // shrink from s to ceil(s / tp) tokens; attention and MLP terms stay.
+  auto model = resolve_sim_model("llama2-7b");
+  ModelConfig half = model.config;
+  half.num_layers = 16;
+  SimLayout l = layout(8, 4, 1, torch::kBFloat16);
+  l.seq_len = 2047;  // uneven: the busiest rank holds 512 tokens
+  const int64_t s = 2047, st = 512, h = 4096;
+  auto per_16_layers = [&](const SimLayout& lay) {
+    auto shape = [&](const ModelConfig& c) { return rank_shape(c, build_plan(c, 4), 0); };
+    return saved_activation_bytes(model.config, shape(model.config), lay) -
+           saved_activation_bytes(half, shape(half), lay);
+  };
+  const int64_t plain = per_16_layers(l);
+  l.sequence_parallel = true;
+  const int64_t sp = per_16_layers(l);
+  EXPECT_EQ(plain - sp, 16 * 2 * (2 * 2 * (s - st) * h + 4 * (s - st)));
+  // With full recomputation a layer keeps its input: ceil(s / tp) tokens of it.
+  l.activation_checkpointing = true;
+  EXPECT_EQ(per_16_layers(l), 16 * 2 * st * h);
+}
+
 TEST(SimulatorMemory, OptimizerTemporariesAreTheEnginesChunks) {
   // The norm's fp64 chunk is the engine's for the device (64 Ki on CPU, 4 Mi on
   // CUDA); the update upcasts 4 Mi 16-bit gradients to fp32 at a time.

@@ -138,22 +138,28 @@ std::pair<double, double> Trainer::forward_backward(const std::vector<Batch>& mi
   // Micro-batch j of dp rank r holds samples (j * dp + r) * micro_batch onwards of
   // the step's global batch (DistributedSampler): the rows of its dropout masks.
   const int64_t dp = topology_->dp_size(), rank = topology_->dp_rank();
+  tp_forward_s_ = tp_backward_s_ = 0;
+  const Comm& tp = topology_->tp();
   for (size_t j = 0; j < micro_batches.size(); ++j) {
     const Batch& b = micro_batches[j];
     const int64_t micro_batch = b.input_ids.size(0);
     model_->set_dropout(DropoutContext{config_.seed, steps_done_,
                                        (static_cast<int64_t>(j) * dp + rank) * micro_batch,
                                        micro_batch * static_cast<int64_t>(micro_batches.size()) * dp});
+    double tp_before = tp.stats().seconds;
     auto losses = model_->token_losses(b.input_ids, b.labels);
     auto sum = losses.sum();
     loss_sum += sum.item<double>();
+    tp_forward_s_ += tp.stats().seconds - tp_before;
     // HF adds router_aux_loss_coef times each forward's load-balancing loss to its
     // loss: the step's objective averages it over the global batch's micro-batches
     // (the data-parallel reduction sums the ranks' gradients).
     if (model_->config().router_aux_loss_enabled())
       aux_sum += model_->router_aux_loss(scale * model_->config().router_aux_loss_coef /
                                          static_cast<double>(micro_batches.size() * dp));
+    tp_before = tp.stats().seconds;
     (sum * (scale / total_tokens)).backward();
+    tp_backward_s_ += tp.stats().seconds - tp_before;
     optimizer_->after_backward();
   }
   model_->set_dropout(std::nullopt);
@@ -234,6 +240,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.comm_forward_backward_s = comm_after_backward - comm_at_start;
   m.comm_optimizer_s = comm_seconds() - comm_after_backward;
   m.comm_async_s = async_comm_seconds() - async_at_start;
+  m.tp_comm_forward_s = tp_forward_s_;
+  m.tp_comm_backward_s = tp_backward_s_;
   m.step_time_s = m.forward_backward_s + m.optimizer_s;
   m.tokens_per_s = total_tokens / m.step_time_s;
   const HostCpuTimes cpu_at_end = host_cpu_times();

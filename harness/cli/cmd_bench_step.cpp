@@ -93,6 +93,7 @@ TrainConfig bench_config(const Args& args, torch::ScalarType dtype, int world_si
 // What this rank measured over the timed steps.
 struct TimedSteps {
   std::vector<double> step, comm, forward_backward, optimizer, comm_forward_backward, comm_optimizer, lane;
+  std::vector<double> tp_forward, tp_backward;  // exposed tp communication per phase
   StepMetrics last;
   StepCommVolume counted;
   bool volume_matches = true;
@@ -116,6 +117,8 @@ TimedSteps run_timed_steps(Trainer& trainer, Topology& topology, const StepCommV
     t.comm_forward_backward.push_back(m.comm_forward_backward_s);
     t.comm_optimizer.push_back(m.comm_optimizer_s);
     t.lane.push_back(m.comm_async_s);
+    t.tp_forward.push_back(m.tp_comm_forward_s);
+    t.tp_backward.push_back(m.tp_comm_backward_s);
     t.loss = m.loss;
     t.last = m;
     StepCommVolume step{GroupVolume::between(before[0], groups[0]->stats()),
@@ -356,6 +359,10 @@ void print_step_report(const StepReport& r, const Args& args, const TrainConfig&
       "ran {:.4f} s on the lanes (rank 0 medians; overlap_comm {})\n",
       median(timed.comm_forward_backward), median(timed.comm_optimizer), median(timed.lane),
       config.zero.overlaps(r.device.is_cuda()));
+  std::cout << fmt::format("  exposed tp comm     forward {:.4f} s, backward {:.4f} s (rank 0 medians; "
+                           "tp_overlap_comm {}, sequence_parallel {})\n",
+                           median(timed.tp_forward), median(timed.tp_backward), args.tp_overlap_comm,
+                           args.sequence_parallel);
   std::cout << fmt::format("  threads per rank    torch {}, BLAS {}, {} local rank(s) on {} core(s): {}\n",
                            torch_threads, blas_threads(), r.threads.local_ranks, r.threads.cores,
                            r.ranks.oversubscribed ? "OVERSUBSCRIBED" : "not oversubscribed");
@@ -396,6 +403,8 @@ void write_step_json(const StepReport& r, const Args& args, const TrainConfig& c
               {"exposed_comm_forward_backward_s", median(timed.comm_forward_backward)},
               {"exposed_comm_optimizer_s", median(timed.comm_optimizer)},
               {"async_comm_s", median(timed.lane)},
+              {"exposed_tp_comm_forward_s", median(timed.tp_forward)},
+              {"exposed_tp_comm_backward_s", median(timed.tp_backward)},
               {"overlap_comm", config.zero.overlaps(cuda)},
               {"compute_s", step_median - comm_mean},
               {"model_flops_per_step", r.flops_per_step},

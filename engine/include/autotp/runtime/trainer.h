@@ -40,6 +40,9 @@ struct StepMetrics {
   // time their wait blocked; the time they ran on the groups' lanes is comm_async_s.
   double comm_forward_backward_s = 0, comm_optimizer_s = 0;
   double comm_async_s = 0;
+  // The tp group's part of comm_forward_backward_s, in the forwards and in the
+  // backwards of the micro-batches (what tp_overlap_comm hides).
+  double tp_comm_forward_s = 0, tp_comm_backward_s = 0;
   HostCpuTimes host_cpu;          // the whole machine's CPU time during the step (busy, stolen by the host)
   ModelStateBytes model_states;            // this rank
   ModelStateBytes model_states_analytic;   // the formula for this rank
@@ -99,6 +102,8 @@ class Trainer {
   // started collectives ran on the groups' lanes: a step reports their differences.
   double comm_seconds() const;
   double async_comm_seconds() const;
+  // The current step's exposed tp communication in forwards and backwards.
+  double tp_forward_s_ = 0, tp_backward_s_ = 0;
 
   TrainConfig config_;
   std::shared_ptr<Topology> topology_;
