@@ -155,22 +155,23 @@ TEST(BenchStep, SequenceParallelAndOverlapCollectivesMatchHandCount) {
   expect_counted_equals_analytic(sp);
   const json& counted = sp.at("comm_volume").at("counted").at("tp");
   // all-gathers: embedding gradient 1 + 4 blocks x (entry forward, entry again, exit backward) 12
-  // + LM head input forward and backward 2; reduce-scatters: 4 blocks x (exit, entry gradient) 8 + head 1.
+  // + LM head input forward and backward 2; reduce-scatters: the embedding output 1 + 4 blocks x
+  // (exit, entry gradient) 8 + the head input's gradient 1.
   EXPECT_EQ(counted.at("all_gather").at("calls"), 15);
   EXPECT_EQ(counted.at("all_gather").at("bytes"), 15 * activation);
-  EXPECT_EQ(counted.at("reduce_scatter").at("calls"), 9);
-  EXPECT_EQ(counted.at("reduce_scatter").at("bytes"), 9 * activation);
-  // all-reduces: the batch hash, the embedding output, the cross-entropy's two and
-  // the 5 norms' gradients (summed over tp under sequence parallelism).
-  EXPECT_EQ(counted.at("all_reduce").at("calls"), 4 + 5);
+  EXPECT_EQ(counted.at("reduce_scatter").at("calls"), 10);
+  EXPECT_EQ(counted.at("reduce_scatter").at("bytes"), 10 * activation);
+  // all-reduces: the batch hash, the cross-entropy's two and the 5 norms'
+  // gradients (summed over tp under sequence parallelism).
+  EXPECT_EQ(counted.at("all_reduce").at("calls"), 3 + 5);
   // Overlapped: every block collective once per half of the micro-batch, the same bytes.
   const json overlapped = bench_step("--tp 2 --zero 1 --sequence-parallel --tp-overlap-comm");
   expect_counted_equals_analytic(overlapped);
   const json& halves = overlapped.at("comm_volume").at("counted").at("tp");
   EXPECT_EQ(halves.at("all_gather").at("calls"), 1 + 24 + 2);
   EXPECT_EQ(halves.at("all_gather").at("bytes"), 15 * activation);
-  EXPECT_EQ(halves.at("reduce_scatter").at("calls"), 16 + 1);
-  EXPECT_EQ(halves.at("reduce_scatter").at("bytes"), 9 * activation);
+  EXPECT_EQ(halves.at("reduce_scatter").at("calls"), 1 + 16 + 1);
+  EXPECT_EQ(halves.at("reduce_scatter").at("bytes"), 10 * activation);
 }
 
 TEST(BenchStep, ZeroStagesOverDataParallelMatchTheFormula) {

@@ -4,7 +4,8 @@
 //     simulator's prediction for its tp rank: exactly equal;
 //   - its peak allocated bytes during a step (the counting allocator; the smallest
 //     of steps 2-4, see below) with
-//     the simulator's predicted peak: within 10%.
+//     the simulator's predicted peak: within 10%;
+// with and without sequence parallelism (":sp", tp > 1).
 #include <gtest/gtest.h>
 
 #include "autotp/model/presets.h"
@@ -27,12 +28,14 @@ AUTOTP_WORKER(simulator_memory) {
   const int tp = std::stoi(ctx.args.at(0));
   auto topo = ctx.topology(tp);
   double worst_peak = 0;
-  for (const char* preset_name : {"llama-tiny", "gpt2-tiny", "qwen2-tiny", "llama-tiny:bf16"}) {
+  for (const char* preset_name :
+       {"llama-tiny", "gpt2-tiny", "qwen2-tiny", "llama-tiny:bf16", "llama-tiny:sp", "gpt2-tiny:sp", "qwen2-tiny:sp"}) {
     const std::string name = preset_name;
     const bool bf16 = name.find(":bf16") != std::string::npos;
-    const std::string preset = bf16 ? name.substr(0, name.find(':')) : name;
+    const bool sp = name.find(":sp") != std::string::npos;
+    const std::string preset = name.substr(0, name.find(':'));
     auto source = resolve_model("preset:" + preset);
-    if (tp > source.config.num_heads) continue;
+    if (tp > source.config.num_heads || (sp && tp == 1)) continue;
     for (int stage = 0; stage <= 3; ++stage) {
       json j = {{"train_micro_batch_size_per_gpu", kMicro},
                 {"gradient_accumulation_steps", 1},
@@ -40,11 +43,11 @@ AUTOTP_WORKER(simulator_memory) {
                 {"gradient_clipping", 1.0},
                 {"bf16", {{"enabled", bf16}}},
                 {"zero_optimization", {{"stage", stage}}},
-                {"tensor_parallel", {{"autotp_size", tp}}}};
+                {"tensor_parallel", {{"autotp_size", tp}, {"sequence_parallel", sp}}}};
       auto config = TrainConfig::from_json(j, "test");
       config.resolve_batch(topo->world_size());
       const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
-      const TpPlan plan = sim::build_plan(source.config, tp);
+      const TpPlan plan = TpPlan::build(source.config, config.tensor_parallel.plan_options());
       StepMetrics last;
       ModelStateBytes measured;
       {
@@ -68,6 +71,7 @@ AUTOTP_WORKER(simulator_memory) {
       layout.micro_batch = kMicro;
       layout.seq_len = kSeq;
       layout.dtype = dtype;
+      layout.sequence_parallel = sp;
       layout.optimizer = config.optimizer;
       layout.overlap_comm = config.zero.overlaps(/*cuda=*/false);  // as the engine trains here
       layout.cuda = false;

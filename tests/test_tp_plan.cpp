@@ -311,14 +311,15 @@ TEST(TpPlan, SequenceParallelMarksNormAndRowBiasGradientsPartial) {
   // tp 1 has no sequence to split.
   options.tp_size = 1;
   EXPECT_FALSE(TpPlan::build(c, options).sequence_parallel());
-  // GPT-2: LayerNorm biases and the row biases too; the position embedding is added
-  // before the sequence is split, so its gradient is whole.
+  // GPT-2: LayerNorm biases, the row biases and the position embedding (added to
+  // each rank's tokens after the embedding's reduce-scatter) too.
   options.tp_size = 2;
   const TpPlan gpt2 = TpPlan::build(config_of("gpt2-tiny"), options);
   for (const char* name : {"transformer.h.0.ln_1.bias", "transformer.h.1.ln_2.weight", "transformer.ln_f.bias",
-                           "transformer.h.0.attn.c_proj.bias", "transformer.h.0.mlp.c_proj.bias"})
+                           "transformer.h.0.attn.c_proj.bias", "transformer.h.0.mlp.c_proj.bias",
+                           "transformer.wpe.weight"})
     EXPECT_TRUE(gpt2.entry(name).partial_grad) << name;
-  for (const char* name : {"transformer.wpe.weight", "transformer.h.0.attn.c_attn.bias"})
+  for (const char* name : {"transformer.h.0.attn.c_attn.bias", "transformer.wte.weight"})
     EXPECT_FALSE(gpt2.entry(name).partial_grad) << name;
   // HF's sequence_parallel style on a norm keeps it whole.
   json hf = {{"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},

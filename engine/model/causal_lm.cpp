@@ -640,8 +640,12 @@ torch::Tensor CausalLM::row_output(const std::string& module, const torch::Tenso
 torch::Tensor CausalLM::embed(const torch::Tensor& ids) {
   const Parameter& e = params_.front();  // the token embedding comes first in every layout
   TORCH_INTERNAL_ASSERT(e.entry->desc.kind == ParamKind::kEmbedding);
-  if (!is_split(*e.entry)) return torch::embedding(e.tensor, ids);
-  return vocab_parallel_embedding(ids, e.tensor, e.spec().segments(tp_.rank()).front().start, tp_);
+  if (!is_split(*e.entry)) {
+    auto x = torch::embedding(e.tensor, ids);
+    return sequence_parallel_ ? scatter_to_tp(x, tp_, 1, sequence_sizes_) : x;
+  }
+  return vocab_parallel_embedding(ids, e.tensor, e.spec().segments(tp_.rank()).front().start, tp_,
+                                  sequence_parallel_ ? sequence_sizes_ : std::vector<int64_t>{});
 }
 
 const Parameter& head_param(const std::vector<Parameter>& params, bool tied) {
@@ -688,17 +692,20 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
   };
   // The embeddings' backward reads no parameter: hooks around the forward only.
   call_hook(hooks_.before_forward, kEmbeddingUse);
-  auto x = embed(input_ids);
-  if (config_.gemma_norms)  // HF: times sqrt(hidden) rounded to the activation dtype
-    x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
-  if (config_.family == ModelFamily::kGpt2)
-    x = x + torch::embedding(tensor("transformer.wpe.weight"), torch::arange(T, on_device.dtype(torch::kLong))).unsqueeze(0);
   sequence_length_ = T;
-  if (sequence_parallel_) {  // from here to the head each rank holds its tokens (backward: all-gather)
+  int64_t first_token = 0, tokens = T;  // this rank's positions from here to the head
+  if (sequence_parallel_) {
     sequence_sizes_ = sequence_shard_sizes(T, tp_.size());
     sequence_offset_ = std::accumulate(sequence_sizes_.begin(), sequence_sizes_.begin() + tp_.rank(), int64_t{0});
-    x = scatter_to_tp(x, tp_, 1, sequence_sizes_);
+    first_token = sequence_offset_, tokens = sequence_sizes_[tp_.rank()];
   }
+  auto x = embed(input_ids);  // under sequence parallelism this rank's tokens (a reduce-scatter, or a slice)
+  if (config_.gemma_norms)  // HF: times sqrt(hidden) rounded to the activation dtype
+    x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)), x.options());
+  if (config_.family == ModelFamily::kGpt2)  // under sequence parallelism its gradient is partial (tp_plan.cpp)
+    x = x + torch::embedding(tensor("transformer.wpe.weight"),
+                             torch::arange(first_token, first_token + tokens, on_device.dtype(torch::kLong)))
+                .unsqueeze(0);
   x = dropout(x, kEmbeddingUse, DropoutSite::kEmbedding, config_.embedding_dropout);
   call_hook(hooks_.after_forward, kEmbeddingUse);
   if (config_.family == ModelFamily::kGpt2) {

@@ -128,14 +128,14 @@ torch::Tensor row_parallel_linear(const torch::Tensor& x_local, const torch::Ten
 }
 
 torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& weight, int64_t vocab_start,
-                                       Comm& tp) {
+                                       Comm& tp, const std::vector<int64_t>& sequence_sizes) {
   if (tp.size() == 1 && vocab_start == 0)
     return torch::embedding(weight, ids);
   auto local = ids - vocab_start;
   auto outside = (local < 0) | (local >= weight.size(0));
   auto out = torch::embedding(weight, local.masked_fill(outside, 0));
   out = out.masked_fill(outside.unsqueeze(-1), 0);
-  return reduce_from_tp(out, tp);
+  return sequence_sizes.empty() ? reduce_from_tp(out, tp) : reduce_scatter_to_sp(out, tp, 1, sequence_sizes);
 }
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, const torch::Tensor& targets,

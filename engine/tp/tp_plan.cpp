@@ -512,13 +512,14 @@ void mark_partial_grads(std::vector<PlanEntry>& entries, int tp) {
   }
 }
 
-// Sequence parallelism: the hidden-stream norms and the biases added after a row
-// layer's reduce-scatter see only this rank's tokens.
+// Sequence parallelism: the hidden-stream norms, the biases added after a row
+// layer's reduce-scatter and GPT-2's position embedding see only this rank's tokens.
 void mark_sequence_parallel_grads(std::vector<PlanEntry>& entries) {
   for (auto& e : entries) {
     const bool hidden_norm = e.desc.kind == ParamKind::kNorm && e.desc.axes == std::vector<Axis>{Axis::kHidden};
     const bool row_bias = e.desc.kind == ParamKind::kBias && e.role == TpRole::kReplicated;
-    if (!(hidden_norm || row_bias) || e.partial_grad) continue;
+    const bool positions = e.desc.kind == ParamKind::kPositionEmbedding;
+    if (!(hidden_norm || row_bias || positions) || e.partial_grad) continue;
     e.partial_grad = true;
     e.source += "; gradient summed over tp (sequence parallel: each rank sees its tokens)";
   }

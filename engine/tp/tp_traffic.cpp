@@ -63,8 +63,10 @@ std::vector<TpCollective> tp_step_collectives(const TpStepShape& shape) {
   };
   add(1, 16, false, "batch hash, 2 x int64 (Trainer::check_tp_consistency)");
   const bool sp = shape.sequence_parallel;
-  if (shape.embedding_split) add(1, activation, true, "vocab-parallel embedding output (reduce_from_tp, forward)");
-  if (sp) add_stream(TpOp::kAllGather, 1, "sequence slice's gradient after the embedding (scatter_to_tp, backward)");
+  if (shape.embedding_split && !sp) add(1, activation, true, "vocab-parallel embedding output (reduce_from_tp, forward)");
+  if (shape.embedding_split && sp)
+    add_stream(TpOp::kReduceScatter, 1, "vocab-parallel embedding output, each rank's tokens (reduce_scatter_to_sp)");
+  if (sp) add_stream(TpOp::kAllGather, 1, "the embedding output's gradient along the sequence (backward)");
   // Per layer, for each split block (one column-parallel entry, one row-parallel
   // exit): without sequence parallelism the exit's all-reduce in the forward (again
   // when the layer is recomputed) and the entry's input-gradient all-reduce in the

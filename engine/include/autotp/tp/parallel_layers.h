@@ -36,9 +36,11 @@ std::vector<torch::Tensor> column_parallel_inputs(const torch::Tensor& x, const 
 torch::Tensor row_parallel_linear(const torch::Tensor& x_local, const torch::Tensor& weight,
                                   const torch::Tensor& bias, Comm& tp);
 // Rows [vocab_start, vocab_start + weight.size(0)) of the embedding live on this
-// rank: ids outside give zeros, then the partial results are all-reduced.
+// rank: ids outside give zeros, then the partial results are all-reduced, or with
+// `sequence_sizes` reduce-scattered along the sequence (dim 1): each rank gets its
+// tokens only (sequence parallelism).
 torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& weight, int64_t vocab_start,
-                                       Comm& tp);
+                                       Comm& tp, const std::vector<int64_t>& sequence_sizes = {});
 // Cross-entropy of logits split over the vocab ([N, V_local], columns
 // [vocab_start, vocab_start + V_local)) without gathering them: max and
 // sum-exp are reduced over the tp group. Returns the per-token loss [N] in fp32,
