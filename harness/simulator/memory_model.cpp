@@ -42,9 +42,38 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     const int64_t norm = 2 * a * BtH + 4 * Bt;
     p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
                    attention_saved + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
+    // Gemma: the post-attention and post-feed-forward norms keep their input and
+    // reciprocal RMS too (their output goes into the residual add), and every
+    // (1 + w) norm is plain autograd ops (rms_norm_plus_one) that also keep the fp32
+    // normalised rows (and in 16 bits the fp32 copy of the input).
+    const int64_t gemma_norm_extra = c.gemma_norms ? 4 * BtH * (f32 ? 1 : 2) : 0;
+    if (c.gemma_norms) p.recomputed += 2 * (a * BtH + 4 * Bt) + 4 * gemma_norm_extra;
+    // Qwen3 / Gemma 3: per-head q and k norms keep their input and reciprocal RMS.
+    // (Gemma 3's are (1 + w) norms: the fp32 normalised rows as well.)
+    if (c.qk_norm)
+      p.recomputed += (a * BT * D + 4 * BT + (c.gemma_norms ? 4 * BT * D * (f32 ? 1 : 2) : 0)) *
+                      (heads + s.local_kv_heads);
+    // Attention logit soft-capping runs the eager core (attention.cpp): the capped
+    // scores kept by tanh, the fp32 softmax, its cast in 16 bits, instead of the
+    // fused kernel's output and log-sum-exp.
+    if (c.attn_softcap > 0) {
+      const int64_t scores = B * heads * T * T;
+      // + the contiguous q, k, v copies its batched GEMMs keep
+      p.recomputed += (a + 4 + (f32 ? 0 : a)) * scores - attention_saved + 3 * a * BT * heads * D;
+      p.layer_backward += 2 * 4 * scores;  // the softmax's and the scores' gradients
+    }
+    // A sparse block (every layer is modelled on layer 0): the router reads the
+    // whole block input (gathered under sequence parallelism) and keeps fp32
+    // probabilities; each chosen expert copies its tokens in and its output is
+    // kept by the routing weight's product; the shared expert's by its gate's.
+    if (c.num_experts > 0) {
+      const int64_t k = c.experts_per_token;
+      p.recomputed += a * BTH + 4 * BT * c.num_experts + 2 * k * a * BTH +
+                      (c.shared_expert_intermediate_size > 0 ? 2 * a * BTH : 0);
+    }
     p.per_layer = p.recomputed;
     // Token ids, rotary cos / sin, final norm.
-    p.outer = BT * 8 + 2 * a * T * D + norm;
+    p.outer = BT * 8 + 2 * a * T * D + norm + gemma_norm_extra;
   }
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
   if (l.selective_recompute && !l.activation_checkpointing) {
@@ -54,11 +83,12 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     p.layer_backward += attention_saved;
   }
   p.layer_input = a * BtH;
-  p.layer_backward = attention_backward + 2 * a * BTH;
+  p.layer_backward += attention_backward + 2 * a * BTH;  // after the terms added above
   if (s.gpt2) p.layer_backward += 2 * a * BT * I;  // gelu_new: its backward keeps two more gradients of the MLP width
   const int64_t ce_saved = 4 * BT * V + BT * 8 + 2 * BT;  // softmax (fp32), local targets, masks
   // The softmax is computed in place in the shifted logits (one fp32 buffer, saved).
   p.head_forward = a * BT * V /*logits*/ + (f32 ? 0 : 4 * BT * V) /*fp32 copy*/ + ce_saved;
+  if (c.final_softcap > 0) p.head_forward += 2 * a * BT * V;  // logits / cap and tanh's kept output
   p.head_backward = ce_saved + (f32 ? 0 : a * BT * V) + a * BTH + a * V * H /*LM-head weight gradient*/;
   return p;
 }
