@@ -46,9 +46,11 @@ AUTOTP_WORKER(model_parity) {
   auto reference = load_model(source, TpPlan::build(source.config, {}), self, torch::kFloat32, 0);
 
   torch::manual_seed(11);
-  // Sequence parallel: 11 tokens, uneven over 2, 3 and 4 ranks.
+  // Sequence parallel: 11 tokens, uneven over 2, 3 and 4 ranks. "b1": one sequence
+  // (tp_overlap_comm then cuts the sequence instead of the batch).
   const int64_t T = options.sequence_parallel ? 11 : 12;
-  auto tokens = torch::randint(0, source.config.vocab_size, {3, T + 1}, torch::kLong);
+  const int64_t B = ctx.args.at(1).find("b1") != std::string::npos ? 1 : 3;
+  auto tokens = torch::randint(0, source.config.vocab_size, {B, T + 1}, torch::kLong);
   auto ids = tokens.narrow(1, 0, T).contiguous();
   auto targets = tokens.narrow(1, 1, T).clone();
   targets.index_put_({0, torch::indexing::Slice(0, 4)}, -100);  // a masked prompt
@@ -69,6 +71,20 @@ AUTOTP_WORKER(model_parity) {
     if (diff > worst) worst = diff, worst_name = p.name();
   }
   WORKER_CHECK(worst < 1e-5, "gradient of ", worst_name, " differs: relative max diff ", worst);
+  if (options.overlap_comm) {  // against the same layout without overlap: only summation orders differ
+    TpPlanOptions plain = options;
+    plain.overlap_comm = false;
+    auto blocking = load_model(source, TpPlan::build(source.config, plain), topo->tp(), torch::kFloat32, 0);
+    auto want = forward_backward(*blocking, ids, targets);
+    WORKER_CHECK(relative_max_diff(sharded.logits, want.logits) < 1e-6, "overlapped logits vs blocking ",
+                 relative_max_diff(sharded.logits, want.logits));
+    double worst_overlap = 0;
+    for (auto& p : model->parameters())
+      worst_overlap = std::max(worst_overlap, relative_max_diff(model->gather_grad(p),
+                                                                blocking->gather_grad(blocking->parameter(p.name()))));
+    WORKER_CHECK(worst_overlap < 1e-6, "overlapped gradients vs blocking: relative max diff ", worst_overlap);
+    if (topo->rank() == 0) std::fprintf(stderr, "overlap vs blocking: worst grad %.3g\n", worst_overlap);
+  }
   if (topo->rank() == 0)
     std::fprintf(stderr, "tp %d %s: loss rel diff %.3g, logits %.3g, worst grad %.3g (%s)\n", topo->tp_size(),
                  ctx.args.at(1).c_str(), loss_diff, logits_diff, worst, worst_name.c_str());
@@ -81,6 +97,7 @@ struct ParityCase {
   int tp;
   bool sequence_parallel = false;
   bool overlap = false;  // tp_overlap_comm
+  bool one_sequence = false;  // a batch of one sequence
 };
 
 // Test names in ctest listings show the case name, not raw bytes.
@@ -93,7 +110,8 @@ TEST_P(TpModelParity, LogitsLossAndGradientsMatchSingleRank) {
   json config = test::preset_config(c.preset, c.overrides);
   std::string dir =
       test::write_model_dir(test::make_temp_dir("parity"), config, test::reference_random_weights(config, 99));
-  auto result = test::run_workers("model_parity", c.tp, {dir, std::string(c.sequence_parallel ? "sp" : "tp") + (c.overlap ? "+overlap" : "")});
+  auto result = test::run_workers("model_parity", c.tp, {dir, std::string(c.sequence_parallel ? "sp" : "tp") + (c.overlap ? "+overlap" : "") +
+                                                           (c.one_sequence ? "+b1" : "")});
   ASSERT_EQ(result.exit_code, 0) << result.summary;
 }
 
@@ -132,6 +150,8 @@ std::vector<ParityCase> parity_cases() {
   cases.push_back({"phi3_sp_overlap_tp2", "phi3-tiny", json::object(), 2, true, true});
   cases.push_back({"qwen2_moe_sp_overlap_tp3", "qwen2-moe-tiny", json::object(), 3, true, true});
   cases.push_back({"gemma2_overlap_tp2", "gemma2-tiny", json::object(), 2, false, true});
+  cases.push_back({"llama_overlap_one_sequence_tp3", "llama-tiny", json::object(), 3, false, true, true});
+  cases.push_back({"mixtral_overlap_tp2", "mixtral-tiny", json::object(), 2, false, true});
   cases.push_back({"mixtral_sp_tp2", "mixtral-tiny", json::object(), 2, true});
   cases.push_back({"qwen2_moe_sp_tp3", "qwen2-moe-tiny", json::object(), 3, true});
   cases.push_back({"qwen3_moe_sp_tp4", "qwen3-moe-tiny", json::object(), 4, true});

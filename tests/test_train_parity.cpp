@@ -20,7 +20,7 @@ constexpr int64_t kSeq = 12;
 constexpr int64_t kPersistenceThreshold = 1000;
 
 json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::string& optimizer,
-                  const std::string& recompute = "off", bool sequence_parallel = false) {
+                  const std::string& recompute = "off", bool sequence_parallel = false, bool overlap = false) {
   // eps 1e-6: Adam then damps elements whose gradient is at roundoff level instead of
   // turning their noise into full-size steps (which no two summation orders agree on).
   json params = {{"lr", 5e-4}, {"weight_decay", 0.1}};
@@ -34,7 +34,8 @@ json train_config(int tp, int stage, int64_t micro, int64_t gas, const std::stri
             {"reduce_bucket_size", 4096},  // many buckets per step
             {"allgather_bucket_size", 2048},
             {"stage3_param_persistence_threshold", kPersistenceThreshold}}},
-          {"tensor_parallel", {{"autotp_size", tp}, {"sequence_parallel", sequence_parallel}}},
+          {"tensor_parallel",
+           {{"autotp_size", tp}, {"sequence_parallel", sequence_parallel}, {"tp_overlap_comm", overlap}}},
           {"activation_checkpointing", {{"mode", recompute}}}};
 }
 
@@ -51,15 +52,19 @@ AUTOTP_WORKER(train_parity) {
   const int64_t gas = std::stoll(ctx.args.at(3));
   const std::string optimizer = ctx.args.at(4);
   const std::string recompute = ctx.args.at(5);
-  const bool sequence_parallel = ctx.args.at(6) == "sp";
-  const int64_t micro = 2;
+  // "sp", "overlap" (tp_overlap_comm), "m1" (one sequence per micro-batch), joined by '+'.
+  const std::string layout = ctx.args.at(6);
+  const bool sequence_parallel = layout.find("sp") != std::string::npos;
+  const bool overlap = layout.find("overlap") != std::string::npos;
+  const int64_t micro = layout.find("m1") != std::string::npos ? 1 : 2;
   auto topo = ctx.topology(tp);
   const int dp = topo->dp_size();
   const int64_t global = micro * gas * dp;
 
   auto source = resolve_model(dir);
   auto config =
-      TrainConfig::from_json(train_config(tp, stage, micro, gas, optimizer, recompute, sequence_parallel), "test");
+      TrainConfig::from_json(train_config(tp, stage, micro, gas, optimizer, recompute, sequence_parallel, overlap),
+                             "test");
   config.resolve_batch(topo->world_size());
   Trainer trainer(config, topo,
                   load_model(source, TpPlan::build(source.config, config.tensor_parallel.plan_options()), topo->tp(),
@@ -148,13 +153,19 @@ struct TrainCase {
   std::string recompute = "off";  // activation_checkpointing.mode
   json overrides = json::object();  // merged into the preset's config.json
   bool sequence_parallel = false;
+  bool overlap = false;       // tp_overlap_comm
+  bool one_sequence = false;  // micro-batches of one sequence (overlap cuts the sequence)
+  std::string layout() const {
+    return std::string(sequence_parallel ? "sp" : "tp") + (overlap ? "+overlap" : "") + (one_sequence ? "+m1" : "");
+  }
   std::string name() const {
     std::string p = preset;
     for (auto& ch : p)
       if (ch == '-') ch = '_';
     return p + "_w" + std::to_string(world) + "_tp" + std::to_string(tp) + "_z" + std::to_string(stage) + "_gas" +
            std::to_string(gas) + "_" + optimizer + (recompute == "full" ? "_ckpt" : recompute == "selective" ? "_sel" : "") +
-           (overrides.empty() ? "" : "_dropout") + (sequence_parallel ? "_sp" : "");
+           (overrides.empty() ? "" : "_dropout") + (sequence_parallel ? "_sp" : "") + (overlap ? "_overlap" : "") +
+           (one_sequence ? "_m1" : "");
   }
 };
 void PrintTo(const TrainCase& c, std::ostream* os) { *os << c.name(); }
@@ -168,7 +179,7 @@ TEST_P(TrainParity, LossesAndWeightsMatchSingleRank) {
       test::write_model_dir(test::make_temp_dir("train"), config, test::reference_random_weights(config, 21));
   auto result = test::run_workers("train_parity", c.world,
                                   {dir, std::to_string(c.tp), std::to_string(c.stage), std::to_string(c.gas), c.optimizer,
-                                   c.recompute, c.sequence_parallel ? "sp" : "tp"});
+                                   c.recompute, c.layout()});
   ASSERT_EQ(result.exit_code, 0) << result.summary;
 }
 
@@ -228,6 +239,15 @@ std::vector<TrainCase> train_cases() {
   cases.push_back({"gpt2-tiny", 4, 2, 3, 1, "AdamW", "off", {{"attn_pdrop", 0.1}, {"resid_pdrop", 0.2}, {"embd_pdrop", 0.3}}, true});
   cases.push_back({"mixtral-tiny", 3, 3, 1, 1, "AdamW", "off", none, true});
   cases.push_back({"qwen2-moe-tiny", 4, 2, 2, 1, "AdamW", "off", none, true});
+  // tp_overlap_comm: halves of each micro-batch (of its sequence with one sequence),
+  // dropout masks following the pieces, with and without sequence parallelism.
+  const json phi3_dropout = {{"attention_dropout", 0.1}, {"resid_pdrop", 0.2}};
+  cases.push_back({"llama-tiny", 4, 2, 1, 2, "AdamW", "off", none, false, true});
+  cases.push_back({"phi3-tiny", 4, 4, 3, 1, "AdamW", "full", phi3_dropout, true, true});
+  cases.push_back({"gpt2-tiny", 3, 3, 2, 2, "AdamW", "selective", {{"attn_pdrop", 0.1}, {"resid_pdrop", 0.2}},
+                   false, true, true});
+  cases.push_back({"mixtral-tiny", 4, 2, 0, 1, "AdamW", "off", none, true, true});
+  cases.push_back({"gemma2-tiny", 4, 4, 1, 1, "AdamW", "off", none, false, true, true});
   return cases;
 }
 

@@ -394,7 +394,7 @@ torch::Tensor CausalLM::attention(int64_t layer, const std::string& q_param, con
     // [B, local heads, T, T]: the heads' global indices, every query and key.
     const int64_t T = q.size(2);
     const std::vector<DimRanges> dims = {
-        DimRanges{dropout_->step_samples, {Segment{dropout_->sample_offset, q.size(0)}}},
+        DimRanges{dropout_->step_samples, {Segment{first_sample(), q.size(0)}}},
         DimRanges{config_.num_heads, {Segment{heads.first, heads.count}}}, DimRanges{T, {}}, DimRanges{T, {}}};
     // The key is taken now: a recomputation in the backward draws the same mask.
     const DropoutKey key{dropout_->seed, dropout_->step, layer, DropoutSite::kAttentionProbs};
@@ -410,6 +410,10 @@ torch::Tensor CausalLM::attention(int64_t layer, const std::string& q_param, con
   if (!selective_recompute_ || !torch::GradMode::is_enabled() || !q.requires_grad()) return (*core)(q, k, v);
   backward_state_.push_back(core);
   return RecomputedAttention::apply(q, k, v, core.get());
+}
+
+int64_t CausalLM::first_sample() const {
+  return dropout_->sample_offset + (piece_axis_ == PieceAxis::kBatch ? piece_offset_ : 0);
 }
 
 torch::Tensor CausalLM::norm(const std::string& module, const torch::Tensor& x) {
@@ -428,8 +432,7 @@ torch::Tensor CausalLM::dropout(const torch::Tensor& x, int64_t layer, DropoutSi
     for (int64_t d = 1; d < x.dim(); ++d)
       dims.push_back(token_slice && d == 1 ? DimRanges{sequence_length_, {Segment{token_offset, x.size(1)}}}
                                            : DimRanges{x.size(d), {}});
-  const int64_t sample_offset = dropout_->sample_offset + (piece_axis_ == PieceAxis::kBatch ? piece_offset_ : 0);
-  dims.insert(dims.begin(), DimRanges{dropout_->step_samples, {Segment{sample_offset, x.size(0)}}});
+  dims.insert(dims.begin(), DimRanges{dropout_->step_samples, {Segment{first_sample(), x.size(0)}}});
   return apply_dropout(x, DropoutKey{dropout_->seed, dropout_->step, layer, site}, p, dims);
 }
 

@@ -143,6 +143,8 @@ class CausalLM {
   // `dims` are the global ranges of x's dims after the batch (empty: x is whole).
   torch::Tensor dropout(const torch::Tensor& x, int64_t layer, DropoutSite site, double p,
                         std::vector<DimRanges> dims = {});
+  // The step's index of the first sample this forward (or batch piece) computes.
+  int64_t first_sample() const;
   torch::Tensor linear(const std::string& module, const torch::Tensor& x);
   // A block's input: copied into the tp region (split block), all-gathered along the
   // sequence under sequence parallelism, or as it is (replicated block).
