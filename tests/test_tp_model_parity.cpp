@@ -152,6 +152,11 @@ std::vector<ParityCase> parity_cases() {
   cases.push_back({"gemma2_overlap_tp2", "gemma2-tiny", json::object(), 2, false, true});
   cases.push_back({"llama_overlap_one_sequence_tp3", "llama-tiny", json::object(), 3, false, true, true});
   cases.push_back({"mixtral_overlap_tp2", "mixtral-tiny", json::object(), 2, false, true});
+  cases.push_back({"qwen3_sp_overlap_tp3", "qwen3-tiny", json::object(), 3, true, true});
+  cases.push_back({"gemma3_sp_overlap_tp2", "gemma3-tiny", json::object(), 2, true, true});
+  cases.push_back({"mistral_overlap_tp4", "mistral-tiny", json::object(), 4, false, true});
+  cases.push_back({"qwen3_moe_overlap_one_sequence_tp2", "qwen3-moe-tiny", json::object(), 2, false, true, true});
+  cases.push_back({"gpt2_sp_overlap_tp4", "gpt2-tiny", json::object(), 4, true, true});
   cases.push_back({"mixtral_sp_tp2", "mixtral-tiny", json::object(), 2, true});
   cases.push_back({"qwen2_moe_sp_tp3", "qwen2-moe-tiny", json::object(), 3, true});
   cases.push_back({"qwen3_moe_sp_tp4", "qwen3-moe-tiny", json::object(), 4, true});
