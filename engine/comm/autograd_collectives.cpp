@@ -149,11 +149,14 @@ struct ReduceScatterToSp : torch::autograd::Function<ReduceScatterToSp> {
   }
 };
 
-// The forward's collective runs on the lane; the caller waits before reading.
+// The forward's collective runs on the lane; the caller waits before reading. The
+// lane writes through a tensor of its own over the same storage (variable_data:
+// no autograd metadata), so apply() setting the output's grad_fn on this thread
+// never races with the lane's in-place ops.
 struct StartedReduceFromTp : torch::autograd::Function<StartedReduceFromTp> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, CommWork* work) {
     torch::Tensor output = input.clone(at::MemoryFormat::Contiguous);
-    *work = comm->start_all_reduce(output);
+    *work = comm->start_all_reduce(output.variable_data());
     return output;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -170,7 +173,7 @@ struct StartedReduceScatterRows : torch::autograd::Function<StartedReduceScatter
     if (comm->size() == 1) return rows.clone(at::MemoryFormat::Contiguous);  // never the input itself
     torch::Tensor output;
     *work = comm->start_reduce_scatter(output, rows.contiguous(), sizes);
-    return output;
+    return output.variable_data();  // the lane keeps `output` (see StartedReduceFromTp)
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const std::vector<int64_t> sizes = ctx->saved_data.at("sizes").toIntVector();

@@ -4,13 +4,16 @@ namespace autotp {
 
 namespace {
 
-// Runs fn with the model told which piece it is working on.
+// Runs fn with the model told which piece it is working on; the model leaves the
+// piece however fn ends (an exception must not leave later forwards cut).
 template <typename Fn>
 auto in_piece(const LayerBlocks& b, PieceAxis axis, int64_t offset, Fn&& fn) {
+  struct Leave {
+    const LayerBlocks& b;
+    ~Leave() { b.enter_piece(PieceAxis::kNone, -1); }
+  } leave{b};
   b.enter_piece(axis, offset);
-  auto out = fn();
-  b.enter_piece(axis, -1);
-  return out;
+  return fn();
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   // Fused attention (scaled_dot_product_attention) keeps no [T, T] scores: it
   // saves its output [B, heads, T, D] and the fp32 log-sum-exp of each row.
   const int64_t attention_saved = a * BT * heads * D + 4 * B * heads * T;
+  int64_t core_saved = attention_saved;  // what the attention core keeps beyond q, k, v
   // Its backward produces dq, dk, dv per query head (and, in 16-bit, an fp32 dq accumulator).
   const int64_t attention_backward = 3 * a * BT * heads * D + (f32 ? 0 : 4 * BT * heads * D);
   ActivationParts p;
@@ -59,7 +60,8 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     if (c.attn_softcap > 0) {
       const int64_t scores = B * heads * T * T;
       // + the contiguous q, k, v copies its batched GEMMs keep
-      p.recomputed += (a + 4 + (f32 ? 0 : a)) * scores - attention_saved + 3 * a * BT * heads * D;
+      core_saved = (a + 4 + (f32 ? 0 : a)) * scores + 3 * a * BT * heads * D;
+      p.recomputed += core_saved - attention_saved;
       p.layer_backward += 2 * 4 * scores;  // the softmax's and the scores' gradients
     }
     // A sparse block (every layer is modelled on layer 0): the router reads the
@@ -77,10 +79,11 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   }
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
   if (l.selective_recompute && !l.activation_checkpointing) {
-    // The attention core keeps only q, k, v (already counted); its output and
-    // log-sum-exp are rebuilt in the backward, one layer at a time.
-    p.per_layer -= attention_saved;
-    p.layer_backward += attention_saved;
+    // The attention core keeps only q, k, v (already counted); what it saved (the fused
+    // kernel's output and log-sum-exp, or the eager core's scores, softmax and copies)
+    // is rebuilt in the backward, one layer at a time.
+    p.per_layer -= core_saved;
+    p.layer_backward += core_saved;
   }
   p.layer_input = a * BtH;
   p.layer_backward += attention_backward + 2 * a * BTH;  // after the terms added above

@@ -11,9 +11,10 @@ int64_t RankShape::max_layer_numel() const {
   return m;
 }
 
-TpPlan build_plan(const ModelConfig& config, int tp) {
+TpPlan build_plan(const ModelConfig& config, int tp, bool sequence_parallel) {
   TpPlanOptions options;
   options.tp_size = tp;
+  options.sequence_parallel = sequence_parallel;
   return TpPlan::build(config, options);
 }
 

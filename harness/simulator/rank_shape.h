@@ -48,7 +48,9 @@ struct RankShape {
 };
 
 RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank);
-// The plan the engine builds for `tp` (TpPlanOptions with defaults).
-TpPlan build_plan(const ModelConfig& config, int tp);
+// The plan the engine builds for `tp` (TpPlanOptions with defaults, and sequence
+// parallelism when asked: it adds the partial-gradient reductions of norms, row
+// biases and GPT-2's positions to the tp traffic).
+TpPlan build_plan(const ModelConfig& config, int tp, bool sequence_parallel = false);
 
 }  // namespace autotp::sim
