@@ -5,6 +5,7 @@
 // loadable; the format's pieces (CRC-32, metadata, reading any tensor back).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -266,6 +267,35 @@ INSTANTIATE_TEST_SUITE_P(
                       KillCase{SavePhase::kMetadataWritten, 0, "rank0_after_metadata"},
                       KillCase{SavePhase::kRenamed, 0, "rank0_before_latest"}),
     [](const auto& info) { return info.param.name; });
+
+// A checkpoint never holds a non-finite value: rank 1 poisons one weight after step 2,
+// and the save of step 2 is refused on every rank before anything is written.
+AUTOTP_WORKER(refuse_non_finite_save) {
+  const std::string root = ctx.args.at(0), data = ctx.args.at(1);
+  auto topo = ctx.topology(2);
+  auto trainer = make_trainer(topo, 2, false, data, 0);
+  trainer->train_step();
+  save_checkpoint(*trainer, root);
+  trainer->train_step();
+  if (topo->rank() == 1) trainer->model().parameters()[0].tensor.data_ptr<float>()[0] = std::nanf("");
+  try {
+    save_checkpoint(*trainer, root);
+    WORKER_CHECK(false, "a checkpoint with a NaN weight was written");
+  } catch (const NonFiniteError& e) {
+    const std::string message = e.what();
+    WORKER_CHECK(message.find("checkpoint of step 2 not written: rank 1 holds non-finite") != std::string::npos,
+                 message);
+  }
+  WORKER_CHECK(!fs::exists(root + "/.step_2.partial") && !fs::exists(root + "/step_2"), "step 2 left files");
+  WORKER_CHECK(test::read_file(root + "/latest") == "step_1\n", "latest moved");
+}
+
+TEST(SaveNonFinite, IsRefusedOnEveryRankBeforeAnythingIsWritten) {
+  const std::string dir = test::make_temp_dir("nonfinite");
+  const std::string data = write_token_file(dir, 20, 259);
+  auto result = test::run_workers("refuse_non_finite_save", 2, {dir + "/ckpt", data});
+  ASSERT_EQ(result.exit_code, 0) << result.summary;
+}
 
 TEST(Checksum, Crc32MatchesTheStandardCheckValue) {
   // The CRC-32/ISO-HDLC check value of "123456789" (as zlib.crc32 gives it).

@@ -91,6 +91,14 @@ AUTOTP_WORKER(sigkill_rank1) {
   sleep_seconds(120);
 }
 
+// Rank 1 stops itself (SIGSTOP) before a barrier; the others time out in it after 2 s.
+AUTOTP_WORKER(sigstop_rank1_before_barrier) {
+  ctx.timeout = std::chrono::seconds(2);
+  auto topology = ctx.topology(1);
+  if (ctx.env.rank == 1) raise(SIGSTOP);
+  topology->world().barrier();
+}
+
 AUTOTP_WORKER(sleep_long) { sleep_seconds(120); }
 
 // Touches 256 MiB of its own and holds it long enough for the launcher's samples.
@@ -208,10 +216,27 @@ TEST(Launcher, RankKilledBySignalIsReported) {
   EXPECT_LT(seconds_since(start), 15.0);
   EXPECT_EQ(result.failed_rank, 1) << result.summary;
   EXPECT_EQ(result.exit_code, 128 + SIGKILL);
-  EXPECT_NE(result.summary.find("rank 1 failed with exit code 137 (killed by signal 9"), std::string::npos)
-      << result.summary;
+  EXPECT_EQ(result.error_line, "rank 1 was killed by SIGKILL (exit code 137); the other ranks were stopped");
+  EXPECT_EQ(result.failed_signal, SIGKILL);
+  EXPECT_EQ(result.summary.rfind(result.error_line + "\n", 0), 0u) << result.summary;
   EXPECT_TRUE(result.ranks[0].killed_by_launcher);
   EXPECT_TRUE(result.ranks[2].killed_by_launcher);
+}
+
+// A stopped rank never exits and SIGTERM does not reach it: the launcher names it
+// (not the peer that timed out first) and kills it, and never hangs.
+TEST(Launcher, StoppedRankIsNamedAndKilled) {
+  const auto start = Clock::now();
+  LaunchResult result = autotp::test::run_workers("sigstop_rank1_before_barrier", 3);
+  const double elapsed = seconds_since(start);
+  std::cerr << "stopped-rank launch took " << elapsed << " s (timeout 2 s)\n";
+  EXPECT_LT(elapsed, 30.0) << "timeout 2 s + grace 2 s + start-up of 3 ranks on a loaded machine";
+  EXPECT_EQ(result.failed_rank, 1) << result.summary;
+  EXPECT_TRUE(result.failed_stopped);
+  EXPECT_EQ(result.failed_signal, SIGSTOP);
+  EXPECT_EQ(result.ranks[1].exit_code, 128 + SIGKILL);
+  EXPECT_EQ(result.error_line.rfind("rank 1 was stopped (process state T", 0), 0u) << result.error_line;
+  for (int r : {0, 2}) EXPECT_NE(result.ranks[r].exit_code, 0) << "rank " << r;
 }
 
 TEST(Launcher, SuccessfulRun) {

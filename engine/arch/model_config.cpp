@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <type_traits>
 
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
@@ -34,9 +36,48 @@ int64_t require_int(const json& j, const char* key, const std::string& source) {
   return value;
 }
 
+// What get_or<T> accepts, for its error message.
 template <typename T>
-T get_or(const json& j, const char* key, T fallback) {
+bool has_type(const json& v, const char*& expected) {
+  if constexpr (std::is_same_v<T, bool>) {
+    expected = "true or false";
+    return v.is_boolean();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    expected = "a string";
+    return v.is_string();
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    expected = "an integer";
+    return v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    expected = "a number";
+    return v.is_number() && std::isfinite(v.get<double>()) &&
+           std::fabs(v.get<double>()) <= double(std::numeric_limits<T>::max());
+  } else {
+    static_assert(std::is_same_v<T, std::vector<int64_t>>);
+    expected = "a list of integers";
+    const char* element = nullptr;
+    return v.is_array() && std::all_of(v.begin(), v.end(), [&](const json& e) { return has_type<int64_t>(e, element); });
+  }
+}
+
+// The value at `key`, `fallback` when absent or null; a value of another type
+// is a UserError naming the key (never nlohmann's type_error).
+// Per-layer settings are vectors of num_hidden_layers entries: a bound keeps a
+// typo (or a corrupt file) from sizing them at terabytes before anything is built.
+constexpr int64_t kMaxLayers = 65536;
+
+int64_t require_layers(const json& j, const char* key, const std::string& source) {
+  const int64_t layers = require_int(j, key, source);
+  AUTOTP_USER_CHECK(layers <= kMaxLayers, "{}: '{}' is {} (allowed: 1 to {})", source, key, layers, kMaxLayers);
+  return layers;
+}
+
+template <typename T>
+T get_or(const json& j, const std::string& source, const char* key, T fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
+  const char* expected = "";
+  AUTOTP_USER_CHECK(has_type<T>(j[key], expected), "{}: '{}' must be {}, got {}", source, key, expected,
+                    j[key].dump());
   return j[key].get<T>();
 }
 
@@ -71,7 +112,7 @@ void parse_gemma_sliding_window(const json& j, const std::string& source, ModelC
   c.layer_sliding_window.assign(c.num_layers, 0);
   if (parse_layer_types(j, source, window, c)) return;
   const bool gemma3 = c.architecture == "Gemma3ForCausalLM";
-  const int64_t pattern = gemma3 ? get_or<int64_t>(j, "sliding_window_pattern", 6) : 2;
+  const int64_t pattern = gemma3 ? get_or<int64_t>(j, source, "sliding_window_pattern", 6) : 2;
   AUTOTP_USER_CHECK(pattern > 0, "{}: sliding_window_pattern must be positive, got {}", source, pattern);
   for (int64_t l = 0; l < c.num_layers; ++l)
     if ((l + 1) % pattern != 0) c.layer_sliding_window[l] = window;
@@ -87,7 +128,7 @@ void parse_sliding_window(const json& j, const std::string& source, ModelConfig&
   const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM" ||
                     c.architecture == "Qwen2MoeForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
   if (!mistral && !qwen) return;  // HF's Llama has no sliding window
-  if (qwen && !get_or<bool>(j, "use_sliding_window", false)) return;  // Qwen2/3Config drop the window then
+  if (qwen && !get_or<bool>(j, source, "use_sliding_window", false)) return;  // Qwen2/3Config drop the window then
   const bool qwen_moe = c.architecture == "Qwen2MoeForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
   AUTOTP_USER_CHECK(!qwen_moe || (j.contains("sliding_window") && j["sliding_window"].is_null()),
                     "{}: use_sliding_window is not supported for {} (transformers releases disagree on which of its "
@@ -103,12 +144,12 @@ void parse_sliding_window(const json& j, const std::string& source, ModelConfig&
   const int64_t window = given.get<int64_t>();
   c.layer_sliding_window.assign(c.num_layers, mistral ? window : 0);
   if (mistral || parse_layer_types(j, source, window, c)) return;
-  const int64_t first = get_or<int64_t>(j, "max_window_layers", 28);  // Qwen2Config's default
+  const int64_t first = get_or<int64_t>(j, source, "max_window_layers", 28);  // Qwen2Config's default
   for (int64_t l = std::max<int64_t>(first, 0); l < c.num_layers; ++l) c.layer_sliding_window[l] = window;
 }
 
 double dropout_probability(const json& j, const char* key, double fallback, const std::string& source) {
-  const double p = get_or<double>(j, key, fallback);
+  const double p = get_or<double>(j, source, key, fallback);
   AUTOTP_USER_CHECK(p >= 0 && p < 1, "{}: '{}' is {} (allowed: 0 <= p < 1)", source, key, p);
   return p;
 }
@@ -117,39 +158,39 @@ double dropout_probability(const json& j, const char* key, double fallback, cons
 void parse_experts(const json& j, const std::string& source, ModelConfig& c) {
   const bool mixtral = c.architecture == "MixtralForCausalLM";
   const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
-  c.num_experts = get_or<int64_t>(j, experts_key, mixtral ? 8 : c.architecture == "Qwen2MoeForCausalLM" ? 60 : 128);
+  c.num_experts = get_or<int64_t>(j, source, experts_key, mixtral ? 8 : c.architecture == "Qwen2MoeForCausalLM" ? 60 : 128);
   c.experts_per_token =
-      get_or<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : c.architecture == "Qwen2MoeForCausalLM" ? 4 : 8);
+      get_or<int64_t>(j, source, "num_experts_per_tok", mixtral ? 2 : c.architecture == "Qwen2MoeForCausalLM" ? 4 : 8);
   AUTOTP_USER_CHECK(c.num_experts >= 0, "{}: '{}' must not be negative, got {}", source, experts_key, c.num_experts);
   AUTOTP_USER_CHECK(c.num_experts == 0 || (c.experts_per_token >= 1 && c.experts_per_token <= c.num_experts),
                     "{}: num_experts_per_tok {} must be in 1..{} ({})", source, c.experts_per_token, c.num_experts,
                     experts_key);
-  c.output_router_logits = get_or<bool>(j, "output_router_logits", false);
-  c.router_aux_loss_coef = get_or<double>(j, "router_aux_loss_coef", 0.001);
+  c.output_router_logits = get_or<bool>(j, source, "output_router_logits", false);
+  c.router_aux_loss_coef = get_or<double>(j, source, "router_aux_loss_coef", 0.001);
   c.sparse_layers.assign(c.num_layers, c.num_experts > 0);
   if (mixtral) {
     c.expert_intermediate_size = c.intermediate_size;
     c.norm_topk_prob = true;
     c.moe_block = "block_sparse_moe";
     c.expert_projections = {"w1", "w3", "w2"};
-    const double jitter = get_or<double>(j, "router_jitter_noise", 0.0);
+    const double jitter = get_or<double>(j, source, "router_jitter_noise", 0.0);
     AUTOTP_USER_CHECK(jitter == 0, "{}: router_jitter_noise {} is not supported (allowed: 0; it scales the "
                                    "router's input by random noise in training)", source, jitter);
     return;
   }
   // Qwen: sparse blocks on every decoder_sparse_step-th layer not in mlp_only_layers.
-  c.expert_intermediate_size = get_or<int64_t>(j, "moe_intermediate_size",
+  c.expert_intermediate_size = get_or<int64_t>(j, source, "moe_intermediate_size",
                                                c.architecture == "Qwen2MoeForCausalLM" ? 1408 : 768);
   AUTOTP_USER_CHECK(c.expert_intermediate_size > 0, "{}: moe_intermediate_size must be positive", source);
-  c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);
-  const int64_t step = get_or<int64_t>(j, "decoder_sparse_step", 1);
+  c.norm_topk_prob = get_or<bool>(j, source, "norm_topk_prob", false);
+  const int64_t step = get_or<int64_t>(j, source, "decoder_sparse_step", 1);
   AUTOTP_USER_CHECK(step >= 1, "{}: decoder_sparse_step must be at least 1, got {}", source, step);
-  std::vector<int64_t> dense = get_or<std::vector<int64_t>>(j, "mlp_only_layers", {});
+  std::vector<int64_t> dense = get_or<std::vector<int64_t>>(j, source, "mlp_only_layers", {});
   for (int64_t l = 0; l < c.num_layers; ++l)
     c.sparse_layers[l] = c.num_experts > 0 && (l + 1) % step == 0 &&
                          std::find(dense.begin(), dense.end(), l) == dense.end();
   if (c.architecture == "Qwen2MoeForCausalLM") {
-    c.shared_expert_intermediate_size = get_or<int64_t>(j, "shared_expert_intermediate_size", 5632);
+    c.shared_expert_intermediate_size = get_or<int64_t>(j, source, "shared_expert_intermediate_size", 5632);
     AUTOTP_USER_CHECK(c.shared_expert_intermediate_size > 0, "{}: shared_expert_intermediate_size must be positive",
                       source);
   }
@@ -159,7 +200,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   c.vocab_size = require_int(j, "vocab_size", source);
   c.hidden_size = require_int(j, "hidden_size", source);
   c.intermediate_size = require_int(j, "intermediate_size", source);
-  c.num_layers = require_int(j, "num_hidden_layers", source);
+  c.num_layers = require_layers(j, "num_hidden_layers", source);
   c.num_heads = require_int(j, "num_attention_heads", source);
   c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
                        ? require_int(j, "num_key_value_heads", source)
@@ -183,9 +224,9 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
                     c.num_heads, c.num_kv_heads);
   AUTOTP_USER_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for rotary embeddings", source,
                     c.head_dim);
-  c.max_positions = get_or<int64_t>(j, "max_position_embeddings", default_max_positions(c.architecture));
-  c.norm_eps = get_or<double>(j, "rms_norm_eps", c.architecture == "Phi3ForCausalLM" || mixtral ? 1e-5 : 1e-6);
-  c.rope_theta = get_or<double>(j, "rope_theta", gemma3 || mixtral ? 1000000.0 : 10000.0);
+  c.max_positions = get_or<int64_t>(j, source, "max_position_embeddings", default_max_positions(c.architecture));
+  c.norm_eps = get_or<double>(j, source, "rms_norm_eps", c.architecture == "Phi3ForCausalLM" || mixtral ? 1e-5 : 1e-6);
+  c.rope_theta = get_or<double>(j, source, "rope_theta", gemma3 || mixtral ? 1000000.0 : 10000.0);
   AUTOTP_USER_CHECK(!j.contains("rope_parameters"),
                     "{}: 'rope_parameters' (transformers 5 configs) is not supported; write rope_theta and "
                     "rope_scaling as transformers 4.x does",
@@ -193,7 +234,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   // Gemma's MLP activation is hidden_activation (hidden_act in older configs).
   const char* act_key = c.gemma_norms && j.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
   const std::string allowed_act = c.gemma_norms ? "gelu_pytorch_tanh" : "silu";
-  c.activation = get_or<std::string>(j, act_key, allowed_act);
+  c.activation = get_or<std::string>(j, source, act_key, allowed_act);
   AUTOTP_USER_CHECK(c.activation == allowed_act, "{}: {} '{}' is not supported for {} (allowed: {})", source, act_key,
                     c.activation, c.architecture, allowed_act);
   RopeScalingContext rope_context;
@@ -201,7 +242,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   if (j.contains("original_max_position_embeddings") && !j["original_max_position_embeddings"].is_null())
     rope_context.original_max_position_embeddings = require_int(j, "original_max_position_embeddings", source);
   c.rope_scaling = RopeScaling::from_json(j.value("rope_scaling", json()), source, rope_context);
-  const double partial_rotary = get_or<double>(j, "partial_rotary_factor", 1.0);
+  const double partial_rotary = get_or<double>(j, source, "partial_rotary_factor", 1.0);
   AUTOTP_USER_CHECK(partial_rotary == 1.0, "{}: partial_rotary_factor {} is not supported (allowed: 1.0)", source,
                     partial_rotary);
   bool qwen2 = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen2MoeForCausalLM";
@@ -211,9 +252,9 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   } else if (c.architecture == "MistralForCausalLM" || c.architecture == "Phi3ForCausalLM" || mixtral) {
     c.qkv_bias = c.o_bias = false;  // HF's Mistral and Phi-3 layers have no biases whatever the config says
   } else {
-    c.qkv_bias = c.o_bias = get_or<bool>(j, "attention_bias", false);
+    c.qkv_bias = c.o_bias = get_or<bool>(j, source, "attention_bias", false);
   }
-  c.mlp_bias = c.architecture == "LlamaForCausalLM" && get_or<bool>(j, "mlp_bias", false);
+  c.mlp_bias = c.architecture == "LlamaForCausalLM" && get_or<bool>(j, source, "mlp_bias", false);
   c.qk_norm = qwen3 || gemma3 || c.architecture == "Qwen3MoeForCausalLM";
   if (mixtral || qwen_moe) parse_experts(j, source, c);
   if (c.architecture == "Qwen2MoeForCausalLM") {  // its attention is Qwen2's whatever newer keys say
@@ -221,7 +262,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
                       "{}: head_dim {} is not supported for Qwen2MoeForCausalLM (allowed: hidden_size / "
                       "num_attention_heads = {})",
                       source, c.head_dim, c.hidden_size / c.num_heads);
-    AUTOTP_USER_CHECK(get_or<bool>(j, "qkv_bias", true),
+    AUTOTP_USER_CHECK(get_or<bool>(j, source, "qkv_bias", true),
                       "{}: qkv_bias false is not supported for Qwen2MoeForCausalLM (its q/k/v projections have "
                       "biases; allowed: true)",
                       source);
@@ -230,23 +271,23 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
   // Phi-3 drops each block's output (resid_pdrop); its embd_pdrop is unused by HF's Phi3Model.
   if (c.architecture == "Phi3ForCausalLM") c.residual_dropout = dropout_probability(j, "resid_pdrop", 0.0, source);
   if (c.gemma_norms) {  // Gemma2Config's / Gemma3TextConfig's defaults
-    const double scalar = get_or<double>(j, "query_pre_attn_scalar", 256.0);
+    const double scalar = get_or<double>(j, source, "query_pre_attn_scalar", 256.0);
     AUTOTP_USER_CHECK(scalar > 0, "{}: query_pre_attn_scalar must be positive, got {}", source, scalar);
     c.attention_scale = 1.0 / std::sqrt(scalar);
     // Absent: the config class's default; null: no capping.
     auto softcap = [&](const char* key, double absent) {
-      return !j.contains(key) ? absent : j[key].is_null() ? 0.0 : j[key].get<double>();
+      return !j.contains(key) ? absent : j[key].is_null() ? 0.0 : get_or<double>(j, source, key, 0.0);
     };
     c.attn_softcap = softcap("attn_logit_softcapping", gemma3 ? 0.0 : 50.0);
     c.final_softcap = softcap("final_logit_softcapping", gemma3 ? 0.0 : 30.0);
     AUTOTP_USER_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0, "{}: softcapping values must be positive or null",
                       source);
-    if (gemma3) c.local_rope_theta = get_or<double>(j, "rope_local_base_freq", 10000.0);
+    if (gemma3) c.local_rope_theta = get_or<double>(j, source, "rope_local_base_freq", 10000.0);
   }
   c.fused_projections = c.architecture == "Phi3ForCausalLM";
-  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", c.gemma_norms);
+  c.tie_word_embeddings = get_or<bool>(j, source, "tie_word_embeddings", c.gemma_norms);
   parse_sliding_window(j, source, c);
-  float pretraining_tp = get_or<float>(j, "pretraining_tp", 1.0f);
+  float pretraining_tp = get_or<float>(j, source, "pretraining_tp", 1.0f);
   AUTOTP_USER_CHECK(pretraining_tp == 1.0f, "{}: pretraining_tp {} is not supported (allowed: 1)", source,
                     pretraining_tp);
 }
@@ -254,7 +295,7 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
 void parse_gpt2(const json& j, const std::string& source, ModelConfig& c) {
   c.vocab_size = require_int(j, "vocab_size", source);
   c.hidden_size = require_int(j, "n_embd", source);
-  c.num_layers = require_int(j, "n_layer", source);
+  c.num_layers = require_layers(j, "n_layer", source);
   c.num_heads = require_int(j, "n_head", source);
   c.num_kv_heads = c.num_heads;
   AUTOTP_USER_CHECK(c.hidden_size % c.num_heads == 0, "{}: n_embd {} is not divisible by n_head {}", source,
@@ -263,11 +304,11 @@ void parse_gpt2(const json& j, const std::string& source, ModelConfig& c) {
   c.max_positions = require_int(j, "n_positions", source);
   c.intermediate_size =
       j.contains("n_inner") && !j["n_inner"].is_null() ? require_int(j, "n_inner", source) : 4 * c.hidden_size;
-  c.norm_eps = get_or<double>(j, "layer_norm_epsilon", 1e-5);
-  std::string act = get_or<std::string>(j, "activation_function", "gelu_new");
+  c.norm_eps = get_or<double>(j, source, "layer_norm_epsilon", 1e-5);
+  std::string act = get_or<std::string>(j, source, "activation_function", "gelu_new");
   AUTOTP_USER_CHECK(act == "gelu_new", "{}: activation_function '{}' is not supported (allowed: gelu_new)",
                     source, act);
-  AUTOTP_USER_CHECK(get_or<bool>(j, "scale_attn_weights", true),
+  AUTOTP_USER_CHECK(get_or<bool>(j, source, "scale_attn_weights", true),
                     "{}: scale_attn_weights=false is not supported", source);
   reject_if_set(j, "scale_attn_by_inverse_layer_idx", source, "not implemented");
   reject_if_set(j, "reorder_and_upcast_attn", source, "not implemented");
@@ -277,7 +318,7 @@ void parse_gpt2(const json& j, const std::string& source, ModelConfig& c) {
   c.attention_dropout = dropout_probability(j, "attn_pdrop", 0.1, source);  // GPT2Config's defaults
   c.residual_dropout = dropout_probability(j, "resid_pdrop", 0.1, source);
   c.embedding_dropout = dropout_probability(j, "embd_pdrop", 0.1, source);
-  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
+  c.tie_word_embeddings = get_or<bool>(j, source, "tie_word_embeddings", true);
   AUTOTP_USER_CHECK(c.tie_word_embeddings, "{}: GPT-2 with untied lm_head is not supported", source);
 }
 
@@ -300,7 +341,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   ModelConfig c;
   c.architecture = j["architectures"][0].get<std::string>();
   c.raw = j;
-  c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32");
+  c.torch_dtype = get_or<std::string>(j, source, "torch_dtype", "float32");
   if (c.architecture == "GPT2LMHeadModel") {
     c.family = ModelFamily::kGpt2;
     parse_gpt2(j, source, c);

@@ -1,5 +1,6 @@
 // HF checkpoint directories: one model.safetensors, or shards listed by
 // model.safetensors.index.json; see autotp/io/safetensors.h.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -54,6 +55,13 @@ CheckpointReader CheckpointReader::open(const std::string& dir) {
       AUTOTP_USER_CHECK(file_name.is_string(), "{}: weight_map entry for '{}' is not a file name", index_file,
                         name);
       const std::string shard_name = file_name.get<std::string>();
+      // A shard is a file of this directory (or a subfolder): an absolute path or
+      // '..' would read weights from elsewhere (and fs::path's / would drop `dir`).
+      const fs::path relative(shard_name);
+      const bool inside = !shard_name.empty() && relative.is_relative() && !relative.has_root_name() &&
+                          std::none_of(relative.begin(), relative.end(), [](const fs::path& part) { return part == ".."; });
+      AUTOTP_USER_CHECK(inside, "{}: weight_map entry for '{}' is '{}' (allowed: a file name relative to {})",
+                        index_file, name, shard_name, dir);
       auto& shard = shards[shard_name];
       if (shard == nullptr) {
         const fs::path shard_path = fs::path(dir) / shard_name;

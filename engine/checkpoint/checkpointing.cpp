@@ -11,6 +11,7 @@
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
 #include "autotp/base/memory_counter.h"
+#include "autotp/base/run_phase.h"
 #include "autotp/tp/parallel_layers.h"
 
 namespace autotp {
@@ -137,6 +138,37 @@ torch::ScalarType export_dtype(const ExportOptions& options, torch::ScalarType t
   return dtype;
 }
 
+// A checkpoint never holds a NaN or an infinity: every rank checks its partition
+// (weights, fp32 masters, optimizer states) and all refuse together, before
+// anything is written. Collective over the world.
+void refuse_non_finite(const PartitionState& partition, Topology& topo, int64_t step) {
+  std::string first;
+  const auto check = [&](const std::string& name, const torch::Tensor& t) {
+    if (first.empty() && t.defined() && t.is_floating_point() && !torch::isfinite(t).all().item<bool>()) first = name;
+  };
+  check("weights", partition.params);
+  check("fp32 master weights", partition.master_weights);
+  for (const auto& [name, t] : partition.optimizer) check("optimizer state " + name, t);
+  const int world = topo.world_size();
+  auto bad_rank = torch::tensor({static_cast<int64_t>(first.empty() ? world : topo.rank())}, torch::kLong);
+  topo.world().all_reduce(bad_rank, ReduceOp::kMin);
+  const int64_t rank = bad_rank.item<int64_t>();
+  if (rank == world) return;
+  throw NonFiniteError(fmt::format("checkpoint of step {} not written: rank {} holds non-finite {}", step, rank,
+                                   rank == topo.rank() ? first : "values"));
+}
+
+// The test hook's names of the save's points (AUTOTP_TEST_FAULT's "at=", docs/testing.md).
+const char* save_point_name(SavePhase phase) {
+  switch (phase) {
+    case SavePhase::kRankFilePartlyWritten: return "rank_file_partly_written";
+    case SavePhase::kRankFileWritten: return "rank_file_written";
+    case SavePhase::kMetadataWritten: return "metadata_written";
+    case SavePhase::kRenamed: return "renamed";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string save_checkpoint(Trainer& trainer, const std::string& root, const SaveOptions& options) {
@@ -144,16 +176,19 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
   auto& topo = trainer.topology();
   Comm& world = topo.world();
   io::CheckpointMetadata meta = trainer_metadata(trainer);
+  publish_phase("checkpoint", meta.step);
   const auto hook = [&](SavePhase phase) {
+    phase_point(save_point_name(phase));
     if (options.fault_hook) options.fault_hook(phase);
   };
+  PartitionState partition = trainer.optimizer().partition_state();
+  refuse_non_finite(partition, topo, meta.step);
   // Rank 0 prepares the staging directory before anyone writes into it.
   std::string staging = (fs::path(root) / fmt::format(".{}.partial", io::step_dir_name(meta.step))).string();
   if (topo.rank() == 0) staging = io::prepare_staging(root, meta.step);
   world.barrier();
 
   // Every rank writes its partition (at stage 0 only dp rank 0: the others hold copies).
-  PartitionState partition = trainer.optimizer().partition_state();
   const bool holds_states = meta.stage > 0 || topo.dp_rank() == 0;
   torch::Tensor no_tensor;
   auto tensors = io::rank_file_tensors(holds_states ? partition.params : no_tensor,
@@ -200,6 +235,7 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& path) {
 }
 
 int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
+  publish_phase("load", ckpt.metadata().step);
   torch::NoGradGuard no_grad;
   auto& topo = trainer.topology();
   const auto& meta = ckpt.metadata();
@@ -248,6 +284,8 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
 }
 
 void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& options) {
+  // A save's 16-bit weights are part of the checkpoint phase.
+  if (current_phase().phase != "checkpoint") publish_phase("export", trainer.steps_done());
   torch::NoGradGuard no_grad;
   auto& topo = trainer.topology();
   auto& model = trainer.model();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "autotp/io/checksum.h"
 #include "autotp/base/error.h"
@@ -49,31 +50,53 @@ json CheckpointMetadata::to_json() const {
           {"train_config", train_config}};
 }
 
+namespace {
+
+// get<T> of an integer key, checked: nlohmann casts a float (1e30) or an integer
+// out of T's range silently or with undefined behaviour.
+template <typename T>
+T checked_integer(const json& v, const std::string& source) {
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                    : v.is_number_integer() ? v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                                  (v.get<int64_t>() < 0 || static_cast<uint64_t>(v.get<int64_t>()) <=
+                                                                               static_cast<uint64_t>(std::numeric_limits<T>::max()))
+                                            : false;
+  AUTOTP_USER_CHECK(fits, "{}: malformed checkpoint metadata: {} is not an integer in [{}, {}]", source, v.dump(),
+                    std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+  return v.get<T>();
+}
+
+}  // namespace
+
 CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::string& source) {
-  AUTOTP_USER_CHECK(j.is_object() && j.value("format", "") == "autotp-checkpoint",
+  // Compared as JSON values: a key of another type is a mismatch, never nlohmann's type_error.
+  AUTOTP_USER_CHECK(j.is_object() && j.contains("format") && j["format"] == "autotp-checkpoint",
                     "{}: not an autotp checkpoint metadata file", source);
-  const int version = j.value("version", -1);
-  AUTOTP_USER_CHECK(version >= kOldestCheckpointFormatVersion && version <= kCheckpointFormatVersion,
-                    "{}: checkpoint format version {} (this build reads {} to {})", source, version,
-                    kOldestCheckpointFormatVersion, kCheckpointFormatVersion);
+  const json version_value = j.contains("version") ? j["version"] : json();
+  const bool known_version = version_value.is_number_integer() &&
+                             version_value >= kOldestCheckpointFormatVersion && version_value <= kCheckpointFormatVersion;
+  AUTOTP_USER_CHECK(known_version, "{}: checkpoint format version {} (this build reads {} to {})", source,
+                    version_value.dump(), kOldestCheckpointFormatVersion, kCheckpointFormatVersion);
+  const int version = version_value.get<int>();
   CheckpointMetadata m;
   try {
-    m.step = j.at("step").get<int64_t>();
+    m.step = checked_integer<int64_t>(j.at("step"), source);
     const json& topo = j.at("topology");
-    m.tp = topo.at("tp").get<int>();
-    m.dp = topo.at("dp").get<int>();
-    m.stage = topo.at("zero_stage").get<int>();
+    m.tp = checked_integer<int>(topo.at("tp"), source);
+    m.dp = checked_integer<int>(topo.at("dp"), source);
+    m.stage = checked_integer<int>(topo.at("zero_stage"), source);
     m.dtype = j.at("dtype").get<std::string>();
     m.optimizer_states = j.at("optimizer_states").get<std::vector<std::string>>();
     m.trainer = j.at("trainer");
     m.sampler = j.at("sampler");
     m.loss_scaler = j.at("loss_scaler");
     for (const auto& f : j.at("files"))
-      m.files.push_back({f.at("name").get<std::string>(), f.at("tp_rank").get<int>(), f.at("dp_rank").get<int>(),
-                         f.at("crc32").get<uint32_t>(), f.at("bytes").get<uint64_t>()});
+      m.files.push_back({f.at("name").get<std::string>(), checked_integer<int>(f.at("tp_rank"), source),
+                         checked_integer<int>(f.at("dp_rank"), source), checked_integer<uint32_t>(f.at("crc32"), source),
+                         checked_integer<uint64_t>(f.at("bytes"), source)});
     for (const auto& t : j.at("tensors"))
       m.tensors.push_back({t.at("name").get<std::string>(), ShardSpec::from_json(t.at("spec")),
-                           version >= 2 ? t.at("unit").get<int>() : 0});
+                           version >= 2 ? checked_integer<int>(t.at("unit"), source) : 0});
     m.model_config = j.at("model_config");
     m.train_config = j.at("train_config");
   } catch (const json::exception& e) {
@@ -83,6 +106,14 @@ CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::strin
   }
   AUTOTP_USER_CHECK(m.tp >= 1 && m.dp >= 1 && m.stage >= 0 && m.stage <= 3,
                     "{}: topology tp {} dp {} stage {} is not valid", source, m.tp, m.dp, m.stage);
+  // Every rank has a file, so tp * dp is at most the files listed (this also bounds the per-rank loops).
+  AUTOTP_USER_CHECK(int64_t{m.tp} * m.dp <= static_cast<int64_t>(m.files.size()),
+                    "{}: topology tp {} x dp {} needs {} rank files, {} are listed", source, m.tp, m.dp,
+                    int64_t{m.tp} * m.dp, m.files.size());
+  for (const auto& t : m.tensors)
+    AUTOTP_USER_CHECK(t.unit >= 0 && static_cast<size_t>(t.unit) < m.tensors.size(),
+                      "{}: tensor '{}' has ZeRO unit {} (allowed: 0 to {}, one unit per tensor at most)", source,
+                      t.name, t.unit, m.tensors.size() - 1);
   for (const auto& t : m.tensors)
     AUTOTP_USER_CHECK(t.spec.tp_size() == m.tp, "{}: tensor '{}' is cut for tp {}, the checkpoint has tp {}", source,
                       t.name, t.spec.tp_size(), m.tp);

@@ -2,6 +2,7 @@
 
 #include "autotp/comm/comm_lane.h"
 #include "autotp/comm/shared_memory_transport.h"
+#include "autotp/base/run_phase.h"
 
 #include <c10/core/WrapDimMinimal.h>
 #include <fmt/format.h>
@@ -169,8 +170,13 @@ void Comm::use_shared_memory(std::shared_ptr<SharedMemoryTransport> transport) {
 }
 
 void Comm::fail(const char* op, const std::exception& error) const {
-  throw std::runtime_error(fmt::format("Comm::{} on group '{}' (rank {} of {}, global ranks [{}]) failed: {}", op,
-                                       name_, rank_, size_, fmt::join(global_ranks_, ", "), error_text(error)));
+  // The rank's phase says where in the run it broke (the launcher's error line names it too).
+  const std::string phase = current_phase().describe();
+  const int global_rank = rank_ < static_cast<int>(global_ranks_.size()) ? global_ranks_[rank_] : rank_;
+  throw std::runtime_error(fmt::format("Comm::{} on group '{}' (rank {} of {}, global ranks [{}]; this is global rank {}) "
+                                       "failed{}: {}",
+                                       op, name_, rank_, size_, fmt::join(global_ranks_, ", "), global_rank,
+                                       phase.empty() ? "" : " during " + phase, error_text(error)));
 }
 
 Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, std::vector<int> global_ranks, std::string name,

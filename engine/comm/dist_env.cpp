@@ -57,6 +57,8 @@ DistEnv DistEnv::from_environment() {
   }
   env.master_port = read_int("MASTER_PORT", 0, 65535).value_or(0);
   env.threads = read_int("AUTOTP_THREADS", 0, 4096).value_or(0);
+  env.restart_count =
+      read_int("AUTOTP_RESTART_COUNT", 0, kMaxInt).value_or(read_int("TORCHELASTIC_RESTART_COUNT", 0, kMaxInt).value_or(0));
   // Only rank 0 serves the store; another rank ignores an inherited variable.
   if (env.rank == 0) env.master_listen_fd = read_int(kMasterListenFdVariable, 0, kMaxInt).value_or(-1);
   return env;

@@ -13,11 +13,16 @@
 #endif
 
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -33,25 +38,51 @@ std::string error_text(const std::exception& error) {
 
 // TCPStore clients that find no server yet retry only after a full second.
 // Ranks start together, so rank 0's server is usually a few milliseconds late;
-// probing the port briefly first saves that second on every launch.
-void wait_for_listener(const std::string& host, int port, std::chrono::milliseconds timeout) {
+// probing the port briefly first saves that second on every launch. It also
+// bounds the rendezvous by the timeout: TCPStore's own connect, tried after a
+// whole timeout of probing, would retry with growing delays for another
+// timeout and more (a rank cut off from rank 0 took 2.6x --timeout to exit).
+// Returns why nothing answered within `timeout`, or nullopt (connected, or the
+// address does not resolve: TCPStore then says so itself).
+std::optional<std::string> wait_for_listener(const std::string& host, int port, std::chrono::milliseconds timeout) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* addresses = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &addresses) != 0) return std::nullopt;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool connected = false;
+  int last_error = 0;
   while (!connected && std::chrono::steady_clock::now() < deadline) {
     for (addrinfo* address = addresses; address != nullptr && !connected; address = address->ai_next) {
-      const int fd = socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC, address->ai_protocol);
+      // Non-blocking: a blocking connect into a link that drops packets would
+      // wait for the kernel's SYN retries (about two minutes), past the deadline.
+      const int fd =
+          socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, address->ai_protocol);
       if (fd < 0) continue;
       connected = connect(fd, address->ai_addr, address->ai_addrlen) == 0;
+      if (!connected) last_error = errno;
+      if (!connected && last_error == EINPROGRESS) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        pollfd writable{fd, POLLOUT, 0};
+        if (poll(&writable, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 1) {
+          int error = 0;
+          socklen_t length = sizeof(error);
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+          connected = error == 0;
+          last_error = error;
+        } else {
+          last_error = ETIMEDOUT;
+        }
+      }
       close(fd);
     }
     if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   freeaddrinfo(addresses);
+  if (connected) return std::nullopt;
+  return fmt::format("no connection within the timeout of {} ms (last error: {})", timeout.count(),
+                     last_error != 0 ? std::strerror(last_error) : "none");
 }
 
 }  // namespace
@@ -86,7 +117,9 @@ c10::intrusive_ptr<c10d::Store> create_tcp_store(const DistEnv& env, const Store
   if (store_options.isServer && env.master_listen_fd >= 0 && !listen_fd_taken.exchange(true))
     store_options.masterListenFd = env.master_listen_fd;
   try {
-    if (!store_options.isServer) wait_for_listener(env.master_addr, env.master_port, options.timeout);
+    if (!store_options.isServer)
+      if (auto failure = wait_for_listener(env.master_addr, env.master_port, options.timeout))
+        throw std::runtime_error(*failure);
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
   } catch (const std::exception& error) {
     throw std::runtime_error(fmt::format("rank {} of {}: TCPStore rendezvous at {}:{} failed: {}", env.rank,

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 
@@ -51,6 +53,26 @@ bool process_alive(int64_t pid) {
   if (close == std::string::npos || close + 2 >= line.size()) return false;
   const char state = line[close + 2];
   return state != 'Z' && state != 'X';
+}
+
+// Members of one group that run in one process (the rank threads of
+// tests/test_shared_memory_threads.cpp) share one mapping of the segment: the
+// same addresses, so ThreadSanitizer sees their hand-over (separate mappings of
+// one segment would hide it behind different addresses). Null when it cannot be mapped.
+std::shared_ptr<void> map_segment(const std::string& name, size_t bytes) {
+  static std::mutex mutex;
+  static auto* live = new std::map<std::string, std::weak_ptr<void>>();  // leaked: outlives static destructors
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = live->begin(); it != live->end();) it = it->second.expired() ? live->erase(it) : std::next(it);
+  if (auto found = live->find(name); found != live->end()) return found->second.lock();
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  void* mapping = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mapping == MAP_FAILED) return nullptr;
+  std::shared_ptr<void> shared(mapping, [bytes](void* address) { munmap(address, bytes); });
+  (*live)[name] = shared;
+  return shared;
 }
 
 inline void cpu_relax() {
@@ -114,15 +136,8 @@ std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(const c10::
   transport->size_ = size;
   transport->options_ = options;
   transport->member_pids_ = pids;
-  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd >= 0) {
-    void* mapping = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (mapping != MAP_FAILED) {
-      transport->mapping_ = mapping;
-      transport->mapping_bytes_ = total;
-    }
-  }
+  transport->segment_ = map_segment(name, total);
+  transport->mapping_ = transport->segment_.get();
   // Every member reports; all keep the segment only if all mapped it.
   store->set(fmt::format("mapped/{}", rank), bytes_of(transport->mapping_ ? "1" : "0"));
   bool all_mapped = true;
@@ -132,9 +147,7 @@ std::shared_ptr<SharedMemoryTransport> SharedMemoryTransport::create(const c10::
   return transport;
 }
 
-SharedMemoryTransport::~SharedMemoryTransport() {
-  if (mapping_) munmap(mapping_, mapping_bytes_);
-}
+SharedMemoryTransport::~SharedMemoryTransport() = default;  // the last member of this process unmaps
 
 uint8_t* SharedMemoryTransport::slot(int64_t set, int member) const {
   const size_t header = kMaxMembers * sizeof(Counter);

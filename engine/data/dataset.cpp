@@ -461,6 +461,8 @@ JsonlContent read_jsonl(const std::string& path, const DataOptions& options, con
       record = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
       throw_user_error("{}: line {}: invalid JSON at byte {} of the line", path, line_number, e.byte);
+    } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number too large for a double
+      throw_user_error("{}: line {}: invalid JSON ({})", path, line_number, e.what());
     }
     const RecordKind this_kind = record_kind(path, line_number, record);
     if (first_record_line == 0) {

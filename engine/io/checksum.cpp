@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <vector>
 
 #include "autotp/base/error.h"
@@ -51,11 +52,13 @@ FileChecksum checksum_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
   FileChecksum sum;
-  std::vector<char> buffer(1 << 20);
+  // Not zero-filled: every byte used is read first (a zeroed 1 MiB per file dominated checks of small files).
+  constexpr size_t kChunk = 1 << 20;
+  std::unique_ptr<char[]> buffer(new char[kChunk]);
   while (in) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    in.read(buffer.get(), static_cast<std::streamsize>(kChunk));
     const auto got = static_cast<size_t>(in.gcount());
-    sum.crc32 = crc32_update(sum.crc32, buffer.data(), got);
+    sum.crc32 = crc32_update(sum.crc32, buffer.get(), got);
     sum.bytes += got;
   }
   AUTOTP_USER_CHECK(in.eof(), "{}: read failed", path);

@@ -28,8 +28,10 @@ const std::vector<std::string> kTopKeys = {"train_batch_size",
                                            "seed",
                                            "steps_per_print",
                                            "wall_clock_breakdown",
-                                           "device"};
+                                           "device",
+                                           "non_finite"};
 const std::vector<std::string> kDevices = {"cpu", "cuda", "auto"};
+const std::vector<std::string> kNonFinite = {"error", "skip"};
 
 int64_t positive_or_unset(const JsonSection& s, const std::string& key) {
   int64_t value = s.integer(key, 0);
@@ -84,6 +86,9 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   c.device = top.string("device", c.device);
   top.check(std::find(kDevices.begin(), kDevices.end(), c.device) != kDevices.end(), "device",
             "one of cpu, cuda, auto");
+  c.non_finite = top.string("non_finite", c.non_finite);
+  top.check(std::find(kNonFinite.begin(), kNonFinite.end(), c.non_finite) != kNonFinite.end(), "non_finite",
+            "one of error, skip");
   return c;
 }
 
@@ -104,6 +109,13 @@ void TrainConfig::resolve_batch(int world_size) {
   int64_t& tbs = train_batch_size;
   int64_t& micro = train_micro_batch_size_per_gpu;
   int64_t& gas = gradient_accumulation_steps;
+  // Every product below is a factor of micro * gas * dp (unset ones as 1): it must fit an int64.
+  int64_t product = 0;
+  AUTOTP_USER_CHECK(!__builtin_mul_overflow(std::max<int64_t>(micro, 1), std::max<int64_t>(gas, 1), &product) &&
+                        !__builtin_mul_overflow(product, dp, &product),
+                    "train_micro_batch_size_per_gpu {} * gradient_accumulation_steps {} * {} overflows a 64-bit "
+                    "integer (allowed: a product below 2^63)",
+                    micro, gas, dp_text);
   if (tbs > 0 && micro > 0 && gas > 0) {
     AUTOTP_USER_CHECK(
         tbs == micro * gas * dp,
@@ -160,6 +172,7 @@ json TrainConfig::to_json() const {
   j["steps_per_print"] = steps_per_print;
   j["wall_clock_breakdown"] = wall_clock_breakdown;
   j["device"] = device;
+  j["non_finite"] = non_finite;
   return j;
 }
 

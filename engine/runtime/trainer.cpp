@@ -2,11 +2,14 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
+
 #include "autotp/optim/lr_schedule.h"
 #include "autotp/base/device.h"
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
 #include "autotp/base/memory_counter.h"
+#include "autotp/base/run_phase.h"
 
 namespace autotp {
 
@@ -146,6 +149,7 @@ std::pair<double, double> Trainer::forward_backward(const std::vector<Batch>& mi
     model_->set_dropout(DropoutContext{config_.seed, steps_done_,
                                        (static_cast<int64_t>(j) * dp + rank) * micro_batch,
                                        micro_batch * static_cast<int64_t>(micro_batches.size()) * dp});
+    publish_phase("forward", steps_done_ + 1);
     double tp_before = tp.stats().seconds;
     auto losses = model_->token_losses(b.input_ids, b.labels);
     auto sum = losses.sum();
@@ -158,6 +162,7 @@ std::pair<double, double> Trainer::forward_backward(const std::vector<Batch>& mi
       aux_sum += model_->router_aux_loss(scale * model_->config().router_aux_loss_coef /
                                          static_cast<double>(micro_batches.size() * dp));
     tp_before = tp.stats().seconds;
+    publish_phase("backward", steps_done_ + 1);
     (sum * (scale / total_tokens)).backward();
     tp_backward_s_ += tp.stats().seconds - tp_before;
     optimizer_->after_backward();
@@ -192,6 +197,7 @@ void Trainer::record_memory(StepMetrics& m, const torch::Device& device, int64_t
 }
 
 StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
+  publish_phase("forward", steps_done_ + 1);  // the step's first collectives check its data
   const torch::Device device = model_->device();
   // CUDA events on a GPU (its work is asynchronous), the host clock on CPU.
   StepClock clock(device);
@@ -215,13 +221,20 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   const auto [loss_sum, aux_sum] = forward_backward(micro_batches, total_tokens);
   clock.mark();
   const double comm_after_backward = comm_seconds();
-  // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
-  const double lr = learning_rate(config_.scheduler, config_.optimizer.lr, applied_steps_);
-  StepOutcome outcome = optimizer_->step(lr);
-  if (!outcome.skipped) ++applied_steps_;
+  // The loss is summed before the update: a non-finite one must not update the weights.
   auto loss = torch::tensor({loss_sum, aux_sum}, torch::kFloat64);
   topology_->dp().all_reduce(loss);
+  const bool loss_finite = std::isfinite(loss[0].item<double>()) && std::isfinite(loss[1].item<double>());
+  // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
+  const double lr = learning_rate(config_.scheduler, config_.optimizer.lr, applied_steps_);
+  publish_phase("optimizer", steps_done_ + 1);
+  StepOutcome outcome = optimizer_->step(lr, /*skip=*/!loss_finite);
+  if (!outcome.skipped) ++applied_steps_;
   ++steps_done_;
+  // fp16's loss scaler owns its overflows; fp32 and bf16 stop or skip (config "non_finite").
+  if ((!loss_finite || outcome.non_finite) && !config_.fp16.enabled)
+    handle_non_finite(std::isfinite(loss_sum) && std::isfinite(aux_sum), outcome.grad_norm,
+                      loss[0].item<double>() / total_tokens);
   clock.mark();
   const std::vector<double> phases = clock.seconds();  // waits for the GPU
 
@@ -247,7 +260,33 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   const HostCpuTimes cpu_at_end = host_cpu_times();
   m.host_cpu = {cpu_at_end.busy_s - cpu_at_start.busy_s, cpu_at_end.steal_s - cpu_at_start.steal_s};
   record_memory(m, device, at_start);
+  if (topology_->rank() == 0)
+    for (const std::string& warning : divergence_.observe(m.step, m.loss, m.grad_norm, m.skipped))
+      log().warn("{}", warning);
   return m;
+}
+
+void Trainer::handle_non_finite(bool local_loss_finite, double grad_norm, double loss) {
+  // Every rank sees the summed loss and the world's norm, so all of them get here together.
+  const int world = topology_->world_size();
+  auto first_rank = torch::tensor({static_cast<int64_t>(local_loss_finite ? world : topology_->rank())}, torch::kLong);
+  topology_->world().all_reduce(first_rank, ReduceOp::kMin);
+  const auto [param, found_on] = optimizer_->first_non_finite_gradient();
+  const int64_t loss_rank = first_rank.item<int64_t>();
+  std::string what = fmt::format("step {}: non-finite numbers (loss {}, gradient norm {})", steps_done_, loss, grad_norm);
+  if (loss_rank < world)
+    what += fmt::format("; rank {} computed a non-finite loss on its micro-batches", loss_rank);
+  if (param >= 0)
+    what += fmt::format("; first non-finite gradient: {} (found on rank {})", model_->parameters()[param].name(),
+                        found_on);
+  else
+    what += "; every gradient is finite";
+  if (config_.non_finite == "skip") {
+    if (topology_->rank() == 0) log().warn("{}: the step's update was skipped (\"non_finite\": \"skip\")", what);
+    return;
+  }
+  throw NonFiniteError(what + ". The weights were not updated; set \"non_finite\": \"skip\" in the config to "
+                              "skip such steps instead, or lower the learning rate");
 }
 
 }  // namespace autotp

@@ -362,8 +362,12 @@ struct Tokenizer::Impl {
         const std::string name = item.at("SpecialToken").at("id");
         AUTOTP_USER_CHECK(j.at("special_tokens").contains(name), "{}: TemplateProcessing names '{}' without ids", where,
                           name);
-        for (const auto& id : j.at("special_tokens").at(name).at("ids"))
+        for (const auto& id : j.at("special_tokens").at(name).at("ids")) {
+          AUTOTP_USER_CHECK(id.is_number_integer() && id >= 0 && id <= UINT32_MAX,
+                            "{}: TemplateProcessing special token '{}' has id {} (allowed: 0..2^32-1)", where, name,
+                            id.dump());
           (before ? prefix_ids : suffix_ids).push_back(id.get<int64_t>());
+        }
       }
     } else {
       throw_user_error("{}: post-processor '{}' is not supported (allowed: TemplateProcessing, ByteLevel, Sequence)",
@@ -402,6 +406,9 @@ Tokenizer Tokenizer::read(const json& j, const std::string& source) {
   m.pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()), source);
   m.read_post_processor(j.value("post_processor", json()), source);
   for (const auto& [token, id] : m.model->vocab()) m.vocab_size = std::max(m.vocab_size, id + 1);
+  // The post-processor's ids are ids the encoder gives too (a model must have room for them).
+  for (const auto* ids : {&m.prefix_ids, &m.suffix_ids})
+    for (int64_t id : *ids) m.vocab_size = std::max(m.vocab_size, id + 1);
   for (const auto& a : j.value("added_tokens", json::array())) {
     AddedToken token{a.at("content").get<std::string>(), a.at("id").get<int64_t>(), a.value("lstrip", false),
                      a.value("rstrip", false)};

@@ -1,6 +1,7 @@
 #include "autotp/tp/shard_spec.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "autotp/base/error.h"
 
@@ -146,15 +147,39 @@ nlohmann::json ShardSpec::to_json() const {
   return j;
 }
 
+namespace {
+
+// An integer of the JSON (a float or one out of T's range is an error, never a
+// cast: 1e30 as int64 is undefined behaviour). The caller turns c10::Error into its UserError.
+template <typename T>
+T json_integer(const nlohmann::json& v, const char* what) {
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                    : v.is_number_integer() ? v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                                                  v.get<int64_t>() <= std::numeric_limits<T>::max()
+                                            : false;
+  TORCH_CHECK(fits, "ShardSpec: ", what, " is ", v.dump(), ", not an integer in range");
+  return static_cast<T>(v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>());
+}
+
+}  // namespace
+
 ShardSpec ShardSpec::from_json(const nlohmann::json& j) {
-  auto shape = j.at("global_shape").get<std::vector<int64_t>>();
-  int64_t dim = j.at("dim").get<int64_t>();
-  int tp = j.at("tp_size").get<int>();
+  std::vector<int64_t> shape;
+  const auto& shape_json = j.at("global_shape");
+  TORCH_CHECK(shape_json.is_array(), "ShardSpec: global_shape is ", shape_json.dump(), ", not an array");
+  for (const auto& extent : shape_json) {
+    shape.push_back(json_integer<int64_t>(extent, "a global_shape extent"));
+    TORCH_CHECK(shape.back() >= 0, "ShardSpec: global_shape ", shape_json.dump(), " has a negative extent");
+  }
+  int64_t dim = json_integer<int64_t>(j.at("dim"), "dim");
+  int tp = json_integer<int>(j.at("tp_size"), "tp_size");
   if (dim < 0) return replicated(shape, tp);
   std::vector<std::vector<Segment>> per_rank;
   for (const auto& segs : j.at("segments")) {
     std::vector<Segment> list;
-    for (const auto& s : segs) list.push_back(Segment{s.at(0).get<int64_t>(), s.at(1).get<int64_t>()});
+    for (const auto& s : segs)
+      list.push_back(Segment{json_integer<int64_t>(s.at(0), "a segment start"),
+                             json_integer<int64_t>(s.at(1), "a segment length")});
     per_rank.push_back(list);
   }
   return split(shape, dim, per_rank);

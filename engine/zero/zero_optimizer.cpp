@@ -1,6 +1,7 @@
 #include "autotp/zero/zero_optimizer.h"
 
 #include <cmath>
+#include <limits>
 #include <regex>
 
 #include "autotp/optim/grad_norm.h"
@@ -598,7 +599,7 @@ void ZeroOptimizer::sync_shared_grads(torch::Tensor& flat) {
   }
 }
 
-StepOutcome ZeroOptimizer::step(double lr) {
+StepOutcome ZeroOptimizer::step(double lr, bool skip) {
   torch::NoGradGuard no_grad;
   StepOutcome outcome;
   outcome.loss_scale = loss_scale_;
@@ -631,7 +632,8 @@ StepOutcome ZeroOptimizer::step(double lr) {
   const double norm = std::sqrt(sumsq.item<double>()) / loss_scale_;
   outcome.grad_norm = norm;
 
-  bool overflow = !std::isfinite(norm);
+  const bool overflow = !std::isfinite(norm);
+  outcome.non_finite = overflow;
   if (fp16_.enabled && fp16_.loss_scale == 0) {
     // Dynamic loss scaling (DeepSpeed's rules): halve on overflow after `hysteresis`
     // overflows, double after loss_scale_window clean steps.
@@ -646,7 +648,7 @@ StepOutcome ZeroOptimizer::step(double lr) {
       hysteresis_left_ = fp16_.hysteresis;
     }
   }
-  if (overflow && fp16_.enabled) {
+  if (overflow || skip) {
     outcome.skipped = true;
   } else {
     const double coef = clip_ > 0 ? clip_ / (norm + 1e-6) : 1;
@@ -674,6 +676,32 @@ StepOutcome ZeroOptimizer::step(double lr) {
   }
   redistribute_params();
   return outcome;
+}
+
+std::pair<int, int> ZeroOptimizer::first_non_finite_gradient() const {
+  torch::NoGradGuard no_grad;
+  // The owned ranges hold every element once, reduced: the world's minimum over
+  // them is the first parameter in model order.
+  int64_t first = std::numeric_limits<int64_t>::max();
+  const int64_t params = static_cast<int64_t>(model_.parameters().size());
+  for (const auto& [begin, length] : norm_ranges_) {
+    const torch::Tensor bad = torch::isfinite(grads_at(begin, length)).logical_not_();
+    if (!bad.any().item<bool>()) continue;
+    const int64_t index = begin + bad.nonzero()[0][0].item<int64_t>();
+    const int64_t flat = flat_of(index);
+    for (int64_t i = 0; i < params; ++i)
+      if (flat >= layout_.offsets[i] && flat < layout_.offsets[i] + layout_.numels[i]) {
+        first = std::min(first, i);
+        break;
+      }
+  }
+  const int64_t world = topo_.world_size();
+  const int64_t mine = first == std::numeric_limits<int64_t>::max() ? first : first * world + topo_.rank();
+  auto key = torch::tensor({mine}, torch::kLong);
+  topo_.world().all_reduce(key, ReduceOp::kMin);
+  const int64_t found = key.item<int64_t>();
+  if (found == std::numeric_limits<int64_t>::max()) return {-1, -1};
+  return {static_cast<int>(found / world), static_cast<int>(found % world)};
 }
 
 void ZeroOptimizer::redistribute_piece(const PartitionPiece& piece) {

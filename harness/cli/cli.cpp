@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <iostream>
 
 #include "autotp/comm/dist_env.h"
@@ -10,8 +11,10 @@
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
 #include "autotp/base/memory_counter.h"
+#include "autotp/base/run_phase.h"
 #include "cli/blas_threads.h"
 #include "launcher/launcher.h"
+#include "launcher/restarts.h"
 
 namespace autotp::cli {
 namespace {
@@ -25,6 +28,13 @@ void add_world_options(CLI::App& command, WorldOptions& options) {
       ->check(CLI::NonNegativeNumber);
   command.add_option("--timeout", options.timeout_s, "Collective and rendezvous timeout in seconds (default 300)")
       ->check(CLI::PositiveNumber);
+}
+
+void add_restart_option(CLI::App& command, WorldOptions& options) {
+  command.add_option("--max-restarts", options.max_restarts,
+                     "When a rank fails, stop the others and start the whole world again, at most N times, "
+                     "resuming from the newest complete checkpoint under --save (default 0)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 void add_device_options(CLI::App& command, WorldOptions& options) {
@@ -52,14 +62,26 @@ Placement place_rank(const WorldOptions& options, const std::string& config_devi
 }
 
 int maybe_launch(const WorldOptions& options) {
-  if (options.nproc <= 1 || launcher::in_distributed_world()) return -1;
+  if ((options.nproc <= 1 && options.max_restarts == 0) || launcher::in_distributed_world()) return -1;
   launcher::LaunchOptions launch;
   launch.nproc = options.nproc;
   launch.argv = g_argv;
   launch.argv[0] = launcher::self_executable();
   launch.threads_per_rank = options.threads;
-  auto result = launcher::launch_local(launch);
-  if (result.exit_code != 0) std::cerr << "autotp: " << result.summary << std::endl;
+  const auto restarted = launcher::launch_with_restarts(launch, options.max_restarts, [&](int n, const auto& failed) {
+    std::cerr << "autotp: " << failed.summary << "\n"
+              << fmt::format("autotp: restarting all {} ranks (restart {} of {})", options.nproc, n,
+                             options.max_restarts)
+              << std::endl;
+  });
+  const launcher::LaunchResult& result = restarted.last;
+  if (result.exit_code != 0) {
+    std::cerr << "autotp: " << result.summary << std::endl;
+    if (restarted.restarts > 0)
+      std::cerr << fmt::format("autotp: gave up after {} restart{}", restarted.restarts,
+                               restarted.restarts == 1 ? "" : "s")
+                << std::endl;
+  }
   if (result.exit_code == 0 && result.peak_resident_bytes > 0)
     std::cerr << fmt::format(
         "autotp: peak resident memory of the launcher and {} ranks together: {:.2f} GiB (proportional set "
@@ -83,11 +105,16 @@ std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, B
                       tp_size);
     return Topology::single();
   }
+  publish_phase("rendezvous");
   return Topology::create(env, topo);
 }
 
 int run(int argc, char** argv) {
   install_memory_counter();  // before any tensor exists, so every byte is counted
+  publish_phase("startup");
+  // Over a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG and the error
+  // names the file; the default action of SIGXFSZ would kill the rank without a word.
+  signal(SIGXFSZ, SIG_IGN);
   g_argv.assign(argv, argv + argc);
   CLI::App app{"autotp: automatic tensor parallelism + ZeRO training for HF causal language models"};
   app.require_subcommand(1);
@@ -113,9 +140,15 @@ int run(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   } catch (const UserError& e) {
     std::cerr << "autotp: error: " << e.what() << std::endl;
+    launcher::record_rank_failure(e.what(), 2);
     return 2;
+  } catch (const NonFiniteError& e) {
+    std::cerr << "autotp: error: " << e.what() << std::endl;
+    launcher::record_rank_failure(e.what(), 3);
+    return 3;
   } catch (const std::exception& e) {
     std::cerr << "autotp: error: " << e.what() << std::endl;
+    launcher::record_rank_failure(e.what());
     return 1;
   }
   return 0;

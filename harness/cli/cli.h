@@ -20,8 +20,11 @@ struct WorldOptions {
   double timeout_s = 300;   // collective and rendezvous timeout
   std::string device;       // --device cpu|cuda|auto ("" = the config's, else auto)
   std::string backend;      // --backend gloo|nccl ("" = nccl for CUDA tensors, gloo for CPU)
+  int max_restarts = 0;     // --max-restarts: start the world again after a rank fails (train)
 };
 void add_world_options(CLI::App& command, WorldOptions& options);
+// --max-restarts, for the commands that can resume (train).
+void add_restart_option(CLI::App& command, WorldOptions& options);
 // --device and --backend, for the subcommands that compute (train, eval, bench-step).
 void add_device_options(CLI::App& command, WorldOptions& options);
 
@@ -33,9 +36,10 @@ struct Placement {
 };
 Placement place_rank(const WorldOptions& options, const std::string& config_device = "auto");
 
-// When --nproc > 1 and this process is not already a rank of a world, re-runs
-// this command as nproc local ranks and returns their exit code; otherwise
-// returns -1 and the caller proceeds as a rank.
+// When --nproc > 1 (or --max-restarts > 0) and this process is not already a rank
+// of a world, re-runs this command as nproc local ranks (again after a failure,
+// up to --max-restarts times) and returns their exit code; otherwise returns -1
+// and the caller proceeds as a rank.
 int maybe_launch(const WorldOptions& options);
 
 // Ends a subcommand with a non-zero exit code (used after a launched run failed).

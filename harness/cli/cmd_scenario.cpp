@@ -94,6 +94,7 @@ void register_scenario(CLI::App& app) {
     std::string file, out, device;
     std::vector<std::string> only;
     int64_t steps = 0;
+    int max_restarts = 0;
     bool keep_going = false, list = false, no_report = false;
   };
   auto args = std::make_shared<Args>();
@@ -105,6 +106,10 @@ void register_scenario(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "Steps for every variant (overrides the file's steps)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--keep-going", args->keep_going, "Run the remaining variants after one fails");
+  cmd->add_option("--max-restarts", args->max_restarts,
+                  "When a rank of a variant fails, run the variant again from its first step, at most N times "
+                  "(default 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--list", args->list, "Print the expanded variants, skipped combinations and checks; run nothing");
   cmd->add_flag("--no-report", args->no_report, "Do not run tools/report at the end");
   cmd->add_option("--device", args->device, "Train every variant on cpu or cuda (overrides the file's \"device\")")
@@ -127,6 +132,7 @@ void register_scenario(CLI::App& app) {
     scenario::RunOptions options;
     options.out_dir = args->out.empty() ? "reports/" + spec.name : args->out;
     options.keep_going = args->keep_going;
+    options.max_restarts = args->max_restarts;
     if (args->out.empty()) ::mkdir("reports", 0755);
     auto outcome = scenario::run_scenario(spec, options);
     print_summary(outcome.results);

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -96,7 +97,9 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--save", args->save, "Checkpoint root: writes DIR/step_N/ and DIR/latest at the end (and every --save-every steps)");
   cmd->add_option("--save-every", args->save_every, "Also save every N steps (needs --save)")->check(CLI::PositiveNumber);
-  cmd->add_option("--resume", args->resume, "Continue from a checkpoint root (its latest) or a step_N directory, saved at any tp/dp/stage");
+  cmd->add_option("--resume", args->resume,
+                  "Continue from a checkpoint root (its latest) or a step_N directory, saved at any tp/dp/stage; "
+                  "auto: from --save's latest when there is one, else from the start");
   cmd->add_option("--export-hf", args->export_hf, "At the end, write the consolidated HF model here");
   cmd->add_option("--export-dtype", args->export_dtype, "dtype of --export-hf: f32, bf16 or f16 (default: the training dtype)");
   cmd->add_option("--max-shard-size", args->max_shard_size, "Shard --export-hf above this size, e.g. 2GB (default: one file)");
@@ -110,19 +113,46 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
                   "Tokenizer of .txt/.jsonl data: auto (the model directory's own; byte-level for presets), "
                   "bytes, or a directory with tokenizer.json / tokenizer.model (default auto)");
   add_world_options(*cmd, args->world);
+  add_restart_option(*cmd, args->world);
   add_device_options(*cmd, args->world);
+}
+
+// Where this run resumes from ("" = the start): --resume, except that `auto`, and
+// every restart of the world (--max-restarts, torchrun's), take --save's newest
+// complete checkpoint when there is one.
+std::string resume_source(const TrainArgs& args, const DistEnv& env) {
+  const bool automatic = args.resume == "auto";
+  AUTOTP_USER_CHECK(!automatic || !args.save.empty(), "--resume auto resumes from --save DIR: give --save too");
+  const bool saved = !args.save.empty() && std::filesystem::exists(std::filesystem::path(args.save) / "latest");
+  if (saved && (automatic || env.restart_count > 0)) return args.save;
+  return automatic ? "" : args.resume;
+}
+
+// On a resumed run the metrics file keeps the lines of the steps before the
+// checkpoint (a restart drops those of the steps it repeats) and goes on after them.
+void keep_metrics_until(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+      kept += line + "\n";
+  }
+  in.close();
+  io::write_text_file_atomic(path, kept);
 }
 
 // The optimizer steps from the trainer's position to --steps: checkpoints every
 // --save-every, one metrics line and a progress line per step. Returns the step
 // last saved (-1: none).
 int64_t run_steps(const TrainArgs& args, Trainer& trainer, Topology& topology, const TrainConfig& config,
-                  const Dataset& data, const SaveOptions& save_options) {
+                  const Dataset& data, const SaveOptions& save_options, int restarts) {
   const int64_t first_step = trainer.steps_done();
   int64_t saved_at = -1;
   std::ofstream metrics;
   if (topology.rank() == 0 && !args.metrics.empty()) {
-    metrics.open(args.metrics);
+    if (first_step > 0) keep_metrics_until(args.metrics, first_step);
+    metrics.open(args.metrics, first_step > 0 ? std::ios::app : std::ios::trunc);
     AUTOTP_USER_CHECK(metrics.good(), "--metrics {}: cannot open for writing", args.metrics);
   }
   double elapsed = 0;
@@ -136,6 +166,7 @@ int64_t run_steps(const TrainArgs& args, Trainer& trainer, Topology& topology, c
     // Every rank's memory goes into rank 0's line.
     nlohmann::json line = metrics_line(m, trainer, topology, config, data.seq_len());
     if (line.is_null()) continue;
+    line["restarts"] = restarts;
     if (metrics.is_open()) metrics << line.dump() << "\n" << std::flush;
     const double eta = elapsed / static_cast<double>(s + 1 - first_step) * static_cast<double>(args.steps - s - 1);
     print_progress(m, config, args.steps, eta, s + 1 == args.steps);
@@ -162,7 +193,8 @@ void run_train(const TrainArgs& args) {
   if (!args.export_dtype.empty()) export_options.dtype = parse_dtype(args.export_dtype);
   export_options.max_shard_bytes = io::parse_byte_size(args.max_shard_size);
   std::optional<io::SavedCheckpoint> resume;
-  if (!args.resume.empty()) resume = io::SavedCheckpoint::open(args.resume);  // bad paths fail before the rendezvous
+  const std::string resume_from = resume_source(args, env);
+  if (!resume_from.empty()) resume = io::SavedCheckpoint::open(resume_from);  // bad paths fail before the rendezvous
 
   const Placement placement = place_rank(args.world, config.device);
   const torch::ScalarType dtype = training_dtype(config);
@@ -176,13 +208,17 @@ void run_train(const TrainArgs& args) {
              config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
   Trainer trainer(config, topology, std::move(model), data, !args.no_shuffle);
   if (resume) load_checkpoint(trainer, *resume);
+  if (env.restart_count > 0)
+    log().warn("restart {} of this run: {}", env.restart_count,
+               resume ? fmt::format("resumed at step {} from {}", trainer.steps_done(), resume_from)
+                      : std::string("no checkpoint under --save yet, started from the beginning"));
   const int64_t first_step = trainer.steps_done();
   if (first_step >= args.steps)
     log().warn("the checkpoint is at step {}, --steps is {}: nothing to train (--steps counts every step of the run)",
                first_step, args.steps);
   SaveOptions save_options;
   save_options.gather_16bit_weights = config.zero.gather_16bit_weights_on_model_save;
-  const int64_t saved_at = run_steps(args, trainer, *topology, config, *data, save_options);
+  const int64_t saved_at = run_steps(args, trainer, *topology, config, *data, save_options, env.restart_count);
 
   if (!args.save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args.save, save_options);
   if (!args.export_hf.empty()) export_hf(trainer, args.export_hf, export_options);

@@ -27,6 +27,7 @@
 
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
+#include "autotp/base/run_phase.h"
 #include "autotp/comm/dist_env.h"
 
 extern char** environ;
@@ -110,6 +111,8 @@ struct Rank {
   std::string partial_line;
   std::deque<std::string> tail;
   std::string error_file;
+  std::string phase_file;           // the rank's published phase (base/run_phase.h)
+  bool stopped_at_failure = false;  // in state T (SIGSTOP) when another rank's failure arrived
 };
 
 int exit_code_of(int status) {
@@ -118,18 +121,32 @@ int exit_code_of(int status) {
   return 1;
 }
 
-std::string describe_exit(int exit_code, int signo) {
-  if (signo != 0)
-    return fmt::format("exit code {} (killed by signal {}, {})", exit_code, signo, strsignal(signo));
-  return fmt::format("exit code {}", exit_code);
+// "SIGKILL" (or "signal 64" for one without a name).
+std::string signal_name(int signo) {
+  const char* abbreviation = sigabbrev_np(signo);
+  return abbreviation ? fmt::format("SIG{}", abbreviation) : fmt::format("signal {}", signo);
 }
 
-// Time at which the rank recorded its own failure (see record_rank_failure).
-std::optional<int64_t> recorded_failure_ns(const std::string& path) {
+// The process state letter of /proc/PID/stat ('T': stopped by a signal), 0 if gone.
+char process_state(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(in, stat);
+  const auto paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// What a rank recorded about its own failure (see record_rank_failure).
+struct RecordedFailure {
+  int64_t ns = 0;     // when
+  int exit_code = 1;  // the code it was about to exit with
+};
+std::optional<RecordedFailure> recorded_failure(const std::string& path) {
   std::ifstream in(path);
-  int64_t ns = 0;
-  if (in >> ns) return ns;
-  return std::nullopt;
+  RecordedFailure recorded;
+  if (!(in >> recorded.ns)) return std::nullopt;
+  if (!(in >> recorded.exit_code)) recorded.exit_code = 1;
+  return recorded;
 }
 
 // A process's proportional set size in bytes (shared pages divided among their
@@ -207,11 +224,16 @@ class LocalLaunch {
     std::string pattern = fmt::format("{}/autotp-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (mkdtemp(pattern.data()) == nullptr) throw errno_error("launcher: mkdtemp " + pattern);
     error_dir_ = pattern;
-    for (int r = 0; r < options_.nproc; ++r)
+    for (int r = 0; r < options_.nproc; ++r) {
       ranks_[r].error_file = fmt::format("{}/rank{}.err", error_dir_, r);
+      ranks_[r].phase_file = fmt::format("{}/rank{}.phase", error_dir_, r);
+    }
   }
   void remove_error_dir() {
-    for (const auto& rank : ranks_) unlink(rank.error_file.c_str());
+    for (const auto& rank : ranks_) {
+      unlink(rank.error_file.c_str());
+      unlink(rank.phase_file.c_str());
+    }
     rmdir(error_dir_.c_str());
   }
 
@@ -237,6 +259,7 @@ class LocalLaunch {
       auto env = base;
       env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
       env[kErrorFileVariable] = ranks_[r].error_file;
+      env[kPhaseFileVariable] = ranks_[r].phase_file;
       if (r == 0 && master_socket_ >= 0) env[kMasterListenFdVariable] = std::to_string(kMasterListenFd);
       std::vector<std::string> entries;
       for (const auto& [key, value] : env) entries.push_back(key + "=" + value);
@@ -340,7 +363,8 @@ class LocalLaunch {
   void stop_all(int signo) {
     for (auto& rank : ranks_) {
       if (!rank.running) continue;
-      kill(rank.pid, signo);
+      // A stopped process does not act on SIGTERM until continued: it gets SIGKILL.
+      kill(rank.pid, process_state(rank.pid) == 'T' ? SIGKILL : signo);
       if (!rank.signaled) {
         rank.signaled = true;
         rank.signaled_ns = now_ns();
@@ -373,7 +397,16 @@ class LocalLaunch {
       if (WIFSIGNALED(status)) rank.terminating_signal = WTERMSIG(status);
       // Fail fast: one failed rank stops the world (its peers would otherwise
       // wait for it until their collective timeout).
-      if (rank.exit_code != 0) stop_all(SIGTERM);
+      if (rank.exit_code != 0) {
+        // A rank stopped by SIGSTOP never exits: its peers time out and fail
+        // first. Whoever is stopped when the first failure arrives is the cause.
+        if (!failure_seen_) {
+          for (auto& other : ranks_)
+            other.stopped_at_failure = other.running && process_state(other.pid) == 'T';
+        }
+        failure_seen_ = true;
+        stop_all(SIGTERM);
+      }
     }
   }
 
@@ -431,7 +464,11 @@ class LocalLaunch {
   LaunchResult summarize() const {
     LaunchResult result;
     result.peak_resident_bytes = peak_resident_bytes_;
-    int64_t first_failure_ns = 0;
+    // The cause, in this order: a rank that was stopped when the first failure
+    // arrived (its peers timed out waiting for it), a rank killed by a signal the
+    // launcher did not send (its peers' collectives break at once and may report
+    // first), then the rank that recorded its failure first.
+    std::pair<int, int64_t> first_failure{3, 0};
     for (int r = 0; r < options_.nproc; ++r) {
       const Rank& rank = ranks_[r];
       RankOutcome outcome;
@@ -442,13 +479,19 @@ class LocalLaunch {
         // A rank failed on its own unless the launcher stopped it first. Peers of a
         // failed rank often fail by themselves too (their collectives break), so
         // the first failure is judged by the time each rank recorded it.
-        const auto recorded_ns = recorded_failure_ns(rank.error_file);
-        const bool own = !rank.signaled || (recorded_ns && *recorded_ns < rank.signaled_ns);
+        const auto recorded = recorded_failure(rank.error_file);
+        const bool recorded_first = recorded && recorded->ns < rank.signaled_ns;
+        const bool own = rank.stopped_at_failure || !rank.signaled || recorded_first;
         outcome.killed_by_launcher = !own;
-        const int64_t failed_ns = recorded_ns ? std::min(*recorded_ns, rank.exited_ns) : rank.exited_ns;
-        if (own && (result.failed_rank < 0 || failed_ns < first_failure_ns)) {
+        // A rank that had recorded its error and was on its way out when the
+        // launcher's SIGTERM came failed with the code it recorded.
+        if (rank.signaled && recorded_first) outcome.exit_code = recorded->exit_code;
+        const int64_t failed_ns = recorded ? std::min(recorded->ns, rank.exited_ns) : rank.exited_ns;
+        const int kind = rank.stopped_at_failure ? 0 : rank.terminating_signal != 0 && !rank.signaled ? 1 : 2;
+        const std::pair<int, int64_t> failure{kind, failed_ns};
+        if (own && (result.failed_rank < 0 || failure < first_failure)) {
           result.failed_rank = r;
-          first_failure_ns = failed_ns;
+          first_failure = failure;
         }
       }
       result.ranks.push_back(std::move(outcome));
@@ -456,17 +499,43 @@ class LocalLaunch {
     if (spawn_failed_rank_ >= 0) {
       result.failed_rank = spawn_failed_rank_;
       result.exit_code = 127;
-      result.summary = spawn_failure_;
+      result.summary = result.error_line = spawn_failure_;
     } else if (result.failed_rank >= 0) {
       const RankOutcome& failed = result.ranks[result.failed_rank];
+      const Rank& rank = ranks_[result.failed_rank];
       result.exit_code = failed.exit_code;
-      result.summary = fmt::format("rank {} failed with {}; ", failed.rank,
-                                   describe_exit(failed.exit_code, ranks_[failed.rank].terminating_signal));
-      result.summary += failed.output_tail.empty() ? "no output" : "last output:\n" + failed.output_tail;
+      result.failed_stopped = rank.stopped_at_failure;
+      // Not when it had recorded its own error first (outcome's exit code is then that error's).
+      const bool killed = rank.terminating_signal != 0 && failed.exit_code == 128 + rank.terminating_signal;
+      result.failed_signal = rank.stopped_at_failure ? SIGSTOP : killed ? rank.terminating_signal : 0;
+      if (const auto phase = read_published_phase(rank.phase_file)) {
+        result.failed_phase = phase->phase;
+        result.failed_step = phase->step;
+      }
+      const PublishedPhase phase{result.failed_phase, result.failed_step};
+      const std::string during = result.failed_phase.empty() ? "" : " during " + phase.describe();
+      const std::string others = options_.nproc > 1 ? "the other ranks were stopped" : "";
+      if (rank.stopped_at_failure)
+        result.error_line = fmt::format(
+            "rank {} was stopped (process state T, e.g. SIGSTOP){} and its peers timed out waiting for it; it was "
+            "killed with SIGKILL{}{}",
+            failed.rank, during, others.empty() ? "" : " and ", others);
+      else if (killed)
+        result.error_line = fmt::format("rank {} was killed by {} (exit code {}){}{}{}", failed.rank,
+                                        signal_name(rank.terminating_signal), failed.exit_code, during,
+                                        others.empty() ? "" : "; ", others);
+      else
+        result.error_line = fmt::format("rank {} failed with exit code {}{}{}{}", failed.rank, failed.exit_code,
+                                        during, others.empty() ? "" : "; ", others);
+      result.summary = result.error_line + "\n";
+      result.summary += failed.output_tail.empty() ? "(no output)"
+                                                   : fmt::format("last output of rank {}:\n{}", failed.rank,
+                                                                 failed.output_tail);
     } else if (interrupted_by_ != 0) {
+      result.interrupted = true;
       result.exit_code = 128 + interrupted_by_;
-      result.summary = fmt::format("launcher interrupted by signal {} ({}); ranks stopped", interrupted_by_,
-                                   strsignal(interrupted_by_));
+      result.summary = result.error_line = fmt::format("launcher interrupted by signal {} ({}); ranks stopped",
+                                                       interrupted_by_, strsignal(interrupted_by_));
     }
     return result;
   }
@@ -478,6 +547,7 @@ class LocalLaunch {
   int64_t kill_deadline_ns_ = 0;
   int64_t last_sample_ns_ = 0, peak_resident_bytes_ = 0;
   bool killed_ = false;
+  bool failure_seen_ = false;
   int interrupted_by_ = 0;
   int spawn_failed_rank_ = -1;
   std::string spawn_failure_;
@@ -537,11 +607,11 @@ std::string self_executable() {
   return std::string(buffer.data(), static_cast<size_t>(n));
 }
 
-void record_rank_failure(const std::string& message) {
+void record_rank_failure(const std::string& message, int exit_code) {
   const char* path = std::getenv(kErrorFileVariable);
   if (path == nullptr || *path == '\0') return;
   std::ofstream out(path, std::ios::trunc);
-  out << now_ns() << "\n" << message << "\n";
+  out << now_ns() << " " << exit_code << "\n" << message << "\n";
 }
 
 }  // namespace autotp::launcher

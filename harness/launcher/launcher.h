@@ -28,8 +28,17 @@ struct RankOutcome {
 struct LaunchResult {
   int exit_code = 0;     // 0 when every rank succeeded, else the first failure's code
   int failed_rank = -1;  // first rank that failed on its own, -1 if none
+  bool interrupted = false;  // the launcher got SIGINT / SIGTERM and stopped the ranks
   std::vector<RankOutcome> ranks;
-  std::string summary;  // human message naming the failed rank and its tail
+  std::string summary;  // error_line, then the tail of the failed rank's output
+  // The one line that says why the run failed: the rank, how (exit code, signal,
+  // stopped) and its published phase, e.g. "rank 2 was killed by SIGKILL (exit
+  // code 137) during backward of step 3; the other ranks were stopped". Empty on success.
+  std::string error_line;
+  std::string failed_phase;     // the failed rank's last published phase ("" if none; base/run_phase.h)
+  int64_t failed_step = -1;     // and its step (-1: none)
+  int failed_signal = 0;        // the signal that ended it (SIGSTOP when it was stopped), 0 if it exited
+  bool failed_stopped = false;  // it was stopped (state T) and its peers timed out; the launcher killed it
   // Peak of the launcher's and the ranks' proportional set sizes summed (Pss of
   // /proc/PID/smaps_rollup, sampled every second): the machine memory the run held,
   // with the pages the processes share (LibTorch's code) counted once. 0 where the
@@ -68,10 +77,10 @@ std::string self_executable();
 // is max(1, available_cores() / nproc).
 int available_cores();
 
-// Called by a rank that is about to exit with an error: writes the time and
-// the message to the file named by AUTOTP_ERROR_FILE (set by launch_local), so
+// Called by a rank that is about to exit with an error: writes the time, the
+// exit code and the message to the file named by AUTOTP_ERROR_FILE (set by launch_local), so
 // the launcher can tell the rank that failed first from peers whose collectives
 // broke because of it. Does nothing outside a launch_local world.
-void record_rank_failure(const std::string& message);
+void record_rank_failure(const std::string& message, int exit_code = 1);
 
 }  // namespace autotp::launcher

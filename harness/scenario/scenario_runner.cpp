@@ -25,6 +25,7 @@
 #include "autotp/tp/tp_plan.h"
 #include "autotp/zero/zero_optimizer.h"
 #include "launcher/launcher.h"
+#include "launcher/restarts.h"
 #include "scenario/scenario_checks.h"
 
 namespace autotp::scenario {
@@ -283,10 +284,13 @@ class Runner {
     auto start = Clock::now();
     std::atomic<bool> finished{false};
     launcher::LaunchResult launched;
+    int restarts = 0;
     std::string launch_error;
     std::thread worker([&] {
       try {
-        launched = launcher::launch_local(launch);
+        const auto restarted = launcher::launch_with_restarts(launch, options_.max_restarts);
+        launched = restarted.last;
+        restarts = restarted.restarts;
       } catch (const std::exception& e) {
         launch_error = e.what();
       }
@@ -304,6 +308,7 @@ class Runner {
     worker.join();
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
     result["wall_s"] = wall;
+    result["restarts"] = restarts;
 
     // Every rank's output (its tail) goes to the variant's log.
     std::string log;

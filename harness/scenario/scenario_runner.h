@@ -18,6 +18,7 @@ struct RunOptions {
   std::string out_dir;      // results.json, per-variant configs / metrics / logs, models
   bool keep_going = false;  // run the remaining variants after one fails
   std::string executable;   // the autotp binary (default: this process's executable)
+  int max_restarts = 0;     // a variant whose rank fails runs again from its first step, at most this often
 };
 
 struct RunOutcome {

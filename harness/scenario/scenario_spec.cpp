@@ -86,8 +86,8 @@ ModelSpec parse_model(const json& j, const std::string& key, const std::string& 
   if (j.is_string()) {
     m.source = j.get<std::string>();
   } else {
-    Section o(j, where, "", {"source", "overrides"});
     try {
+      Section o(j, where, "", {"source", "overrides"});  // in the try: a non-object fails naming the file too
       m.source = o.required_string("source", "preset:NAME or an HF model directory");
       m.overrides = o.object("overrides");
     } catch (const UserError& e) {

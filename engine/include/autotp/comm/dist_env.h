@@ -18,6 +18,9 @@ struct DistEnv {
   // which rank 0's TCPStore serves on instead of binding the port itself (set by
   // the local launcher; -1 = none).
   int master_listen_fd = -1;
+  // How many times this world was started again after a failure: AUTOTP_RESTART_COUNT
+  // (autotp's launcher, --max-restarts) or TORCHELASTIC_RESTART_COUNT (torchrun).
+  int restart_count = 0;
 
   // Reads the variables; a process without RANK/WORLD_SIZE is rank 0 of 1.
   // Malformed values are a UserError naming the variable.

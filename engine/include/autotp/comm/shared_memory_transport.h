@@ -75,8 +75,8 @@ class SharedMemoryTransport {
 
   int rank_ = 0, size_ = 1;
   SharedMemoryOptions options_;
-  void* mapping_ = nullptr;
-  size_t mapping_bytes_ = 0;
+  std::shared_ptr<void> segment_;  // one mapping per process, shared by its members (tests' rank threads)
+  void* mapping_ = nullptr;        // segment_.get()
   int64_t generation_ = 0;
   std::vector<int64_t> member_pids_;
 };

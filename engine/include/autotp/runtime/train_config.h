@@ -34,6 +34,10 @@ struct TrainConfig {
   int64_t steps_per_print = 10;       // log every this many optimizer steps
   bool wall_clock_breakdown = false;  // log per-phase timings
   std::string device = "auto";        // cpu | cuda | auto (cuda when every local rank has a GPU of its own)
+  // A non-finite loss or gradient norm (fp32 / bf16): "error" stops training naming the
+  // step, rank and first non-finite parameter; "skip" drops the step's update and goes on.
+  // fp16 keeps its loss scaler's skipping either way.
+  std::string non_finite = "error";
   nlohmann::json raw;                 // the input as given
 
   // Errors are UserErrors prefixed with `source` (a file name, or "" for none).

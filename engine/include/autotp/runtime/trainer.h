@@ -16,6 +16,7 @@
 #include "autotp/data/sampler.h"
 #include "autotp/model/causal_lm.h"
 #include "autotp/base/host_cpu.h"
+#include "autotp/runtime/divergence_monitor.h"
 #include "autotp/runtime/train_config.h"
 #include "autotp/zero/zero_optimizer.h"
 
@@ -96,6 +97,11 @@ class Trainer {
   // Forward and backward of every micro-batch; returns this rank's summed token losses.
   // Returns this rank's sum of token losses and of its micro-batches' load-balancing losses.
   std::pair<double, double> forward_backward(const std::vector<Batch>& micro_batches, double total_tokens);
+  // A NaN or an infinity in the step's summed loss or gradient norm (fp32 / bf16):
+  // finds the first rank whose own loss was non-finite and the first parameter whose
+  // gradient is, then throws NonFiniteError naming them (config non_finite "error")
+  // or warns (skip). The step's update was already dropped. Collective.
+  void handle_non_finite(bool local_loss_finite, double grad_norm, double loss);
   // The memory fields of `m` after the step; `at_start`: bytes allocated when it began.
   void record_memory(StepMetrics& m, const torch::Device& device, int64_t at_start) const;
   // Host seconds blocked in collectives so far (tp, dp, world), and the seconds
@@ -112,6 +118,7 @@ class Trainer {
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<ZeroOptimizer> optimizer_;
   bool shuffle_ = false;
+  DivergenceMonitor divergence_;  // rank 0 warns when the loss spikes or the gradient norm is 0
   int64_t steps_done_ = 0;
   int64_t applied_steps_ = 0;  // steps that updated the weights (not skipped for fp16 overflow)
 };

@@ -36,7 +36,7 @@ class Tokenizer {
   // post-processor's tokens (BOS ...), as HF's encode(add_special_tokens=True).
   std::vector<int64_t> encode(std::string_view text, bool add_special_tokens = true) const;
 
-  // One more than the largest id of the vocabulary and the added tokens.
+  // One more than the largest id of the vocabulary, the added tokens and the post-processor.
   int64_t vocab_size() const;
   std::optional<int64_t> token_id(const std::string& token) const;
 

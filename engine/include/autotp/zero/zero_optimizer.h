@@ -72,7 +72,8 @@ struct PartitionState {
 
 struct StepOutcome {
   double grad_norm = 0;   // before clipping, unscaled
-  bool skipped = false;   // fp16 overflow: no update happened
+  bool skipped = false;   // no update happened: fp16 overflow, a non-finite norm, or the caller asked
+  bool non_finite = false;  // the gradient norm is NaN or infinite
   double loss_scale = 1;  // scale used for this step's backward
 };
 
@@ -98,7 +99,13 @@ class ZeroOptimizer {
   // units the backward left unreduced (stages 2-3: embeddings, persistent tensors).
   void after_backward();
   // Reduces (stages 0-1), clips, updates and redistributes; returns the step's gradient norm.
-  StepOutcome step(double lr);
+  // A non-finite norm never updates the weights (fp16 also adjusts its loss scale);
+  // `skip` drops the update whatever the norm (the caller found a non-finite loss).
+  StepOutcome step(double lr, bool skip = false);
+  // After step(): the first parameter (model order) whose reduced gradient holds a NaN or
+  // an infinity, over the whole world, as {parameter index, rank that found it};
+  // {-1, -1} when every gradient is finite. Collective over the world.
+  std::pair<int, int> first_non_finite_gradient() const;
 
   // Stage 3: makes every parameter whole again (until the next step) so the
   // model can be read, e.g. for comparisons or export. No-op at other stages.
