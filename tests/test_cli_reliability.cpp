@@ -167,6 +167,29 @@ TEST_F(CliReliability, MaxRestartsResumesFromTheNewestCheckpointBitForBit) {
   EXPECT_EQ(files, 2);
 }
 
+// scenario --max-restarts: every variant's first attempt loses rank 1 in the forward
+// of step 2 (the test hook fires only in a world's first attempt); each variant runs
+// again from its first step, results.json counts it, and the checks still pass.
+TEST_F(CliReliability, ScenarioRunsAFailedVariantAgain) {
+  const char* cli = std::getenv("AUTOTP_CLI");
+  ASSERT_NE(cli, nullptr);
+  const std::string out = dir_ + "/scenario";
+  const int status = std::system(("AUTOTP_TEST_FAULT=rank=1,phase=forward,step=2,signal=KILL " + std::string(cli) +
+                                  " scenario " AUTOTP_SOURCE_DIR "/scenarios/ci.json --no-report --max-restarts 1 --out " +
+                                  out + " > " + dir_ + "/scenario.txt 2>&1")
+                                     .c_str());
+  const std::string output = test::read_file(dir_ + "/scenario.txt");
+  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+  const json results = json::parse(test::read_file(out + "/results.json"));
+  EXPECT_TRUE(results.at("passed").get<bool>());
+  ASSERT_EQ(results.at("variants").size(), 3u);  // the two of the file and their ZeRO-3 baseline
+  for (const json& v : results["variants"]) {
+    EXPECT_EQ(v.at("status"), "ok") << v.at("name");
+    EXPECT_EQ(v.at("restarts"), 1) << v.at("name");
+    EXPECT_EQ(v.at("steps_done"), 4) << v.at("name");
+  }
+}
+
 // Bad input would fail again: exit code 2 at once, no restart.
 TEST_F(CliReliability, BadInputIsNotRestarted) {
   const std::string cfg = config("bad", ds_config(1e-3, 2, 1, {{"non_finite", "ignore"}}));
