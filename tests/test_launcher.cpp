@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "launcher/launcher.h"
+#include "launcher/restarts.h"
+#include "support/model_fixtures.h"
 #include "support/multiprocess.h"
 
 namespace {
@@ -166,6 +168,56 @@ AUTOTP_WORKER(check_env) {
       WORKER_CHECK(all[q][1].item<int64_t>() == ctx.env.master_port, "ports differ: ", all);
     }
   }
+}
+
+// launch_with_restarts: a world whose rank fails in the first attempt only is started
+// again once (AUTOTP_RESTART_COUNT 1, the same AUTOTP_RUN_START_NS); what another
+// attempt would only repeat is final at once.
+TEST(Restarts, RestartsTheWorldUntilItSucceedsButNeverRetriesFinalFailures) {
+  const std::string dir = autotp::test::make_temp_dir("restarts");
+  autotp::launcher::LaunchOptions options;
+  options.nproc = 2;
+  options.quiet = true;
+  // Rank 1 fails with code 7 in attempt 0; every attempt appends "count start" to its rank's file.
+  options.argv = {"/bin/sh", "-c",
+                  "echo \"$AUTOTP_RESTART_COUNT $AUTOTP_RUN_START_NS\" >> " + dir +
+                      "/rank$RANK; [ \"$RANK$AUTOTP_RESTART_COUNT\" != 10 ] || exit 7"};
+  int told = 0;
+  auto run = autotp::launcher::launch_with_restarts(options, 3, [&](int n, const LaunchResult& failed) {
+    told = n;
+    EXPECT_EQ(failed.exit_code, 7);
+    EXPECT_EQ(failed.failed_rank, 1);
+  });
+  EXPECT_EQ(run.last.exit_code, 0) << run.last.summary;
+  EXPECT_EQ(run.restarts, 1);
+  EXPECT_EQ(told, 1);
+  std::ifstream in(dir + "/rank1");  // rank 1 writes before it fails (rank 0 may be stopped first)
+  std::string count0, start0, count1, start1;
+  in >> count0 >> start0 >> count1 >> start1;
+  EXPECT_EQ(count0, "0");
+  EXPECT_EQ(count1, "1");
+  EXPECT_FALSE(start0.empty());
+  EXPECT_EQ(start0, start1);
+
+  for (int code : {2, 3}) {
+    options.argv = {"/bin/sh", "-c", "exit " + std::to_string(code)};
+    auto final_run = autotp::launcher::launch_with_restarts(options, 3);
+    EXPECT_EQ(final_run.last.exit_code, code);
+    EXPECT_EQ(final_run.restarts, 0) << "exit code " << code << " must not be retried";
+  }
+  LaunchResult result;
+  for (int code : {2, 3, 127, 128 + SIGINT}) {
+    result.exit_code = code;
+    EXPECT_FALSE(autotp::launcher::worth_restarting(result)) << code;
+  }
+  result.exit_code = 1;
+  EXPECT_TRUE(autotp::launcher::worth_restarting(result));
+  result.exit_code = 128 + SIGKILL;
+  EXPECT_TRUE(autotp::launcher::worth_restarting(result));
+  result.interrupted = true;
+  EXPECT_FALSE(autotp::launcher::worth_restarting(result));
+  result = {};
+  EXPECT_FALSE(autotp::launcher::worth_restarting(result));  // success
 }
 
 TEST(Launcher, FailingRankStopsTheWorldFast) {

@@ -219,6 +219,7 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
     ExportOptions export_options;
     const auto dtype = trainer.model().dtype();
     export_options.dtype = dtype == torch::kFloat32 ? torch::kBFloat16 : dtype;
+    export_options.within_save = true;
     export_hf(trainer, (fs::path(staging) / "hf_model").string(), export_options);
   }
   if (topo.rank() == 0)
@@ -285,7 +286,7 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
 
 void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& options) {
   // A save's 16-bit weights are part of the checkpoint phase.
-  if (current_phase().phase != "checkpoint") publish_phase("export", trainer.steps_done());
+  if (!options.within_save) publish_phase("export", trainer.steps_done());
   torch::NoGradGuard no_grad;
   auto& topo = trainer.topology();
   auto& model = trainer.model();

@@ -63,9 +63,12 @@ std::optional<std::string> wait_for_listener(const std::string& host, int port, 
       connected = connect(fd, address->ai_addr, address->ai_addrlen) == 0;
       if (!connected) last_error = errno;
       if (!connected && last_error == EINPROGRESS) {
+        // At most a second per address: one that drops packets (a filtered IPv6) must
+        // not use up the deadline before the next address is tried.
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const int64_t wait_ms = std::clamp<int64_t>(left.count(), 0, 1000);
         pollfd writable{fd, POLLOUT, 0};
-        if (poll(&writable, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 1) {
+        if (poll(&writable, 1, static_cast<int>(wait_ms)) == 1) {
           int error = 0;
           socklen_t length = sizeof(error);
           getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);

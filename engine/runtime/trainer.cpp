@@ -232,7 +232,8 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   if (!outcome.skipped) ++applied_steps_;
   ++steps_done_;
   // fp16's loss scaler owns its overflows; fp32 and bf16 stop or skip (config "non_finite").
-  if ((!loss_finite || outcome.non_finite) && !config_.fp16.enabled)
+  // outcome.non_finite is the world's verdict (a non-finite loss made the norm NaN).
+  if (outcome.non_finite && !config_.fp16.enabled)
     handle_non_finite(std::isfinite(loss_sum) && std::isfinite(aux_sum), outcome.grad_norm,
                       loss[0].item<double>() / total_tokens);
   clock.mark();

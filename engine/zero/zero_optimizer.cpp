@@ -627,6 +627,8 @@ StepOutcome ZeroOptimizer::step(double lr, bool skip) {
   // The global norm from the owned ranges (fp64 partial sums, one all-reduce).
   auto sumsq = torch::zeros({1}, low_options().dtype(torch::kFloat64));
   for (const auto& [begin, length] : norm_ranges_) sumsq.add_(sum_of_squares(grads_at(begin, length)));
+  // A rank asked to skip makes the world's norm NaN: every rank then skips together.
+  if (skip) sumsq.fill_(std::numeric_limits<double>::quiet_NaN());
   topo_.world().all_reduce(sumsq);
   // Loss scales are powers of two: unscaling the norm equals the norm of unscaled gradients.
   const double norm = std::sqrt(sumsq.item<double>()) / loss_scale_;
@@ -648,7 +650,7 @@ StepOutcome ZeroOptimizer::step(double lr, bool skip) {
       hysteresis_left_ = fp16_.hysteresis;
     }
   }
-  if (overflow || skip) {
+  if (overflow) {
     outcome.skipped = true;
   } else {
     const double coef = clip_ > 0 ? clip_ / (norm + 1e-6) : 1;

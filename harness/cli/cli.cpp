@@ -115,6 +115,8 @@ int run(int argc, char** argv) {
   // Over a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG and the error
   // names the file; the default action of SIGXFSZ would kill the rank without a word.
   signal(SIGXFSZ, SIG_IGN);
+  // A peer that died closes its sockets: a write to one is an error, not a silent death by SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
   g_argv.assign(argv, argv + argc);
   CLI::App app{"autotp: automatic tensor parallelism + ZeRO training for HF causal language models"};
   app.require_subcommand(1);

@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -12,9 +13,11 @@
 #include "autotp/model/presets.h"
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
+#include "autotp/base/run_phase.h"
 #include "autotp/checkpoint/checkpointing.h"
 #include "autotp/runtime/trainer.h"
 #include "cli/cli.h"
+#include "launcher/restarts.h"
 
 namespace autotp::cli {
 
@@ -117,14 +120,25 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
   add_device_options(*cmd, args->world);
 }
 
-// Where this run resumes from ("" = the start): --resume, except that `auto`, and
-// every restart of the world (--max-restarts, torchrun's), take --save's newest
-// complete checkpoint when there is one.
+// True unless `latest` was written before this run's first attempt began
+// (AUTOTP_RUN_START_NS, set by --max-restarts; without it, under torchrun, any counts).
+bool written_by_this_run(const std::string& latest) {
+  const char* start = std::getenv(launcher::kRunStartVariable);
+  struct stat info {};
+  if (start == nullptr || ::stat(latest.c_str(), &info) != 0) return true;
+  const int64_t written_ns = static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+  return written_ns >= std::strtoll(start, nullptr, 10);
+}
+
+// Where this run resumes from ("" = the start): --resume, except that `auto` takes
+// --save's newest complete checkpoint when there is one, and so does every restart
+// of the world (--max-restarts, torchrun's) once this run has saved one.
 std::string resume_source(const TrainArgs& args, const DistEnv& env) {
   const bool automatic = args.resume == "auto";
   AUTOTP_USER_CHECK(!automatic || !args.save.empty(), "--resume auto resumes from --save DIR: give --save too");
-  const bool saved = !args.save.empty() && std::filesystem::exists(std::filesystem::path(args.save) / "latest");
-  if (saved && (automatic || env.restart_count > 0)) return args.save;
+  const std::string latest = (std::filesystem::path(args.save) / "latest").string();
+  const bool saved = !args.save.empty() && std::filesystem::exists(latest);
+  if (saved && (automatic || (env.restart_count > 0 && written_by_this_run(latest)))) return args.save;
   return automatic ? "" : args.resume;
 }
 
@@ -222,6 +236,7 @@ void run_train(const TrainArgs& args) {
 
   if (!args.save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args.save, save_options);
   if (!args.export_hf.empty()) export_hf(trainer, args.export_hf, export_options);
+  publish_phase("done", trainer.steps_done());
   topology->world().barrier();  // rank 0 hosts the store: leave together
 }
 

@@ -483,11 +483,15 @@ class LocalLaunch {
         const bool recorded_first = recorded && recorded->ns < rank.signaled_ns;
         const bool own = rank.stopped_at_failure || !rank.signaled || recorded_first;
         outcome.killed_by_launcher = !own;
-        // A rank that had recorded its error and was on its way out when the
-        // launcher's SIGTERM came failed with the code it recorded.
-        if (rank.signaled && recorded_first) outcome.exit_code = recorded->exit_code;
+        // A rank that had recorded its error failed with the code it recorded, whatever
+        // ended the process afterwards (the launcher's SIGTERM on its way out, an abort
+        // in teardown): that code decides whether a restart can help.
+        if (recorded && (!rank.signaled || recorded_first)) outcome.exit_code = recorded->exit_code;
         const int64_t failed_ns = recorded ? std::min(recorded->ns, rank.exited_ns) : rank.exited_ns;
-        const int kind = rank.stopped_at_failure ? 0 : rank.terminating_signal != 0 && !rank.signaled ? 1 : 2;
+        // Killed by a signal nobody here sent, without an error of its own: the cause.
+        const int kind = rank.stopped_at_failure                                      ? 0
+                         : rank.terminating_signal != 0 && !rank.signaled && !recorded ? 1
+                                                                                       : 2;
         const std::pair<int, int64_t> failure{kind, failed_ns};
         if (own && (result.failed_rank < 0 || failure < first_failure)) {
           result.failed_rank = r;
@@ -496,6 +500,7 @@ class LocalLaunch {
       }
       result.ranks.push_back(std::move(outcome));
     }
+    result.interrupted = interrupted_by_ != 0;  // even when a rank's SIGINT was reaped first
     if (spawn_failed_rank_ >= 0) {
       result.failed_rank = spawn_failed_rank_;
       result.exit_code = 127;
@@ -532,7 +537,6 @@ class LocalLaunch {
                                                    : fmt::format("last output of rank {}:\n{}", failed.rank,
                                                                  failed.output_tail);
     } else if (interrupted_by_ != 0) {
-      result.interrupted = true;
       result.exit_code = 128 + interrupted_by_;
       result.summary = result.error_line = fmt::format("launcher interrupted by signal {} ({}); ranks stopped",
                                                        interrupted_by_, strsignal(interrupted_by_));

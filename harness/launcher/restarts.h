@@ -1,10 +1,10 @@
 // Restarts (torchrun's --max-restarts) around launch_local: when a rank fails the
 // launcher has already stopped the others; the whole world is then started again,
 // with AUTOTP_RESTART_COUNT = 1, 2, ... in its environment (ranks of `train` read it
-// and resume from the newest complete checkpoint under --save), at most
+// and resume from the newest complete checkpoint under --save that this run wrote), at most
 // max_restarts times. Failures that another attempt would only repeat are final:
 // bad input (exit code 2), non-finite numbers (3), a rank that could not be
-// started (127) and an interrupted launcher.
+// started (127), and an interrupted launcher or a rank killed by SIGINT (Ctrl-C).
 #pragma once
 #include <functional>
 #include <string>
@@ -14,6 +14,8 @@
 namespace autotp::launcher {
 
 inline constexpr const char* kRestartCountVariable = "AUTOTP_RESTART_COUNT";
+// Nanoseconds since the epoch when the first attempt started (the same in every attempt).
+inline constexpr const char* kRunStartVariable = "AUTOTP_RUN_START_NS";
 
 struct RestartedLaunch {
   LaunchResult last;  // the final attempt's result

@@ -41,6 +41,7 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& checkpoint)
 struct ExportOptions {
   std::optional<torch::ScalarType> dtype;  // default: the training dtype
   uint64_t max_shard_bytes = 0;            // 0: one model.safetensors
+  bool within_save = false;                // a checkpoint's hf_model/: the phase stays "checkpoint"
 };
 
 // Consolidated HF model directory from the live trainer (rank 0 writes; every

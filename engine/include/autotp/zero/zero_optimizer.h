@@ -100,7 +100,8 @@ class ZeroOptimizer {
   void after_backward();
   // Reduces (stages 0-1), clips, updates and redistributes; returns the step's gradient norm.
   // A non-finite norm never updates the weights (fp16 also adjusts its loss scale);
-  // `skip` drops the update whatever the norm (the caller found a non-finite loss).
+  // `skip` on any rank (it found a non-finite loss) makes the world's norm NaN, so
+  // every rank drops the update together.
   StepOutcome step(double lr, bool skip = false);
   // After step(): the first parameter (model order) whose reduced gradient holds a NaN or
   // an infinity, over the whole world, as {parameter index, rank that found it};
