@@ -28,13 +28,6 @@ json ds_config(double lr, int tp, int stage, const json& extra = json::object())
   return c;
 }
 
-std::string text_corpus() {
-  std::string text;
-  for (int i = 0; i < 60; ++i)
-    text += "Line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog.\n";
-  return text;
-}
-
 int count(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -45,8 +38,7 @@ class CliReliability : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = test::make_temp_dir("clireliability");
-    data_ = dir_ + "/corpus.txt";
-    io::write_text_file_atomic(data_, text_corpus());
+    data_ = test::write_line_corpus(dir_ + "/corpus.txt", 60);
   }
   std::string config(const std::string& name, const json& c) {
     const std::string path = dir_ + "/" + name + ".json";

@@ -29,9 +29,7 @@ class CliScenario : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = test::make_temp_dir("cliscenario");
-    std::string text;
-    for (int i = 0; i < 40; ++i) text += "Line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog.\n";
-    io::write_text_file_atomic(dir_ + "/corpus.txt", text);
+    test::write_line_corpus(dir_ + "/corpus.txt", 40);
   }
   json scenario() const {
     return {{"name", "small"},

@@ -31,12 +31,6 @@ json ds_config(int tp, int stage, const json& batch) {
   return c;
 }
 
-std::string text_corpus() {
-  std::string text;
-  for (int i = 0; i < 60; ++i)
-    text += "Line " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog.\n";
-  return text;  // about 3.2 KB: ~100 examples of 33 tokens
-}
 
 void expect_metrics(const std::vector<json>& lines, int tp, int dp, int stage) {
   ASSERT_EQ(lines.size(), 3u);
@@ -80,7 +74,7 @@ class CliTrain : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = test::make_temp_dir("clitrain");
-    text_ = write(dir_ + "/corpus.txt", text_corpus());
+    text_ = test::write_line_corpus(dir_ + "/corpus.txt", 60);  // about 3.2 KB: ~100 examples of 33 tokens
   }
   std::string config(const std::string& name, const json& c) { return write(dir_ + "/" + name + ".json", c.dump()); }
   std::string dir_, text_;

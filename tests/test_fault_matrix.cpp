@@ -134,10 +134,8 @@ class FaultMatrix : public ::testing::TestWithParam<FaultCase> {
     ASSERT_NE(cli, nullptr) << "run through ctest (AUTOTP_CLI)";
     cli_ = cli;
     dir_ = test::make_temp_dir("faults");
-    std::string text;
-    for (int i = 0; i < 40; ++i)
-      text += "Line " + std::to_string(i) + ": pack my box with five dozen liquor jugs.\n";
-    io::write_text_file_atomic(dir_ + "/corpus.txt", text);  // 56 examples of 32 tokens: 7 steps an epoch
+    // 56 examples of 32 tokens: 7 steps an epoch
+    test::write_line_corpus(dir_ + "/corpus.txt", 40, "pack my box with five dozen liquor jugs.");
     const json config = {{"train_batch_size", 8},
                          {"gradient_accumulation_steps", 2},
                          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},

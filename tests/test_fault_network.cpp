@@ -109,8 +109,7 @@ class NetworkFault : public ::testing::Test {
     if (auto reason = VethLink::why_unavailable()) GTEST_SKIP() << reason->c_str();
     link_ = std::make_unique<VethLink>();
     dir_ = test::make_temp_dir("netfault");
-    std::ofstream corpus(dir_ + "/corpus.txt");
-    for (int i = 0; i < 60; ++i) corpus << "Line " << i << ": pack my box with five dozen liquor jugs.\n";
+    test::write_line_corpus(dir_ + "/corpus.txt", 60, "pack my box with five dozen liquor jugs.");
     const json ds = {
         {"train_batch_size", 8},
         {"gradient_accumulation_steps", 1},

@@ -65,9 +65,11 @@ CheckpointReader CheckpointReader::open(const std::string& dir) {
       auto& shard = shards[shard_name];
       if (shard == nullptr) {
         const fs::path shard_path = fs::path(dir) / shard_name;
-        AUTOTP_USER_CHECK(fs::exists(shard_path),
-                          "{}: weight_map names file {} (for tensor '{}'), which does not exist", index_file,
-                          shard_path.string(), name);
+        // The error_code form: a name the file system refuses (too long) is the same user error.
+        std::error_code error;
+        AUTOTP_USER_CHECK(fs::is_regular_file(shard_path, error),
+                          "{}: weight_map names file {} (for tensor '{}'), which does not exist{}", index_file,
+                          shard_path.string(), name, error ? " (" + error.message() + ")" : "");
         shard = SafetensorsFile::open(shard_path.string());
       }
       AUTOTP_USER_CHECK(shard->contains(name),

@@ -17,6 +17,13 @@ std::string make_temp_dir(const std::string& tag) {
   return pattern;
 }
 
+std::string write_line_corpus(const std::string& path, int lines, const std::string& sentence) {
+  std::string text;
+  for (int i = 0; i < lines; ++i) text += "Line " + std::to_string(i) + ": " + sentence + "\n";
+  io::write_text_file_atomic(path, text);
+  return path;
+}
+
 std::string write_model_dir(const std::string& dir, const nlohmann::json& config,
                             const std::map<std::string, torch::Tensor>& weights) {
   ::mkdir(dir.c_str(), 0755);

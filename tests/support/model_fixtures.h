@@ -15,6 +15,11 @@ std::string make_temp_dir(const std::string& tag);
 std::string write_model_dir(const std::string& dir, const nlohmann::json& config,
                             const std::map<std::string, torch::Tensor>& weights);
 
+// Writes `lines` lines "Line i: <sentence>\n" (i = 0, 1, ...) to `path`: the small
+// text corpus of the end-to-end tests. Returns path.
+std::string write_line_corpus(const std::string& path, int lines,
+                              const std::string& sentence = "the quick brown fox jumps over the lazy dog.");
+
 // The config.json of a built-in preset, optionally with keys overridden.
 nlohmann::json preset_config(const std::string& name, const nlohmann::json& overrides = nlohmann::json::object());
 
