@@ -10,7 +10,9 @@
 #include <type_traits>
 
 #include "autotp/base/error.h"
+#include "autotp/arch/rope_config.h"
 #include "autotp/base/json_file.h"
+#include "autotp/base/log.h"
 
 namespace autotp {
 namespace {
@@ -157,8 +159,15 @@ double dropout_probability(const json& j, const char* key, double fallback, cons
 // Mixtral, Qwen2-MoE, Qwen3-MoE: the sparse blocks, with the config classes' defaults.
 void parse_experts(const json& j, const std::string& source, ModelConfig& c) {
   const bool mixtral = c.architecture == "MixtralForCausalLM";
-  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  // transformers 5 writes num_local_experts for every MoE model (Qwen's were num_experts);
+  // autotp accepts either spelling for every MoE architecture.
+  const bool has_local = j.contains("num_local_experts") && !j["num_local_experts"].is_null();
+  const bool has_plain = j.contains("num_experts") && !j["num_experts"].is_null();
+  const char* experts_key = has_local || (!has_plain && mixtral) ? "num_local_experts" : "num_experts";
   c.num_experts = get_or<int64_t>(j, source, experts_key, mixtral ? 8 : c.architecture == "Qwen2MoeForCausalLM" ? 60 : 128);
+  AUTOTP_USER_CHECK(!has_local || !has_plain || j["num_experts"] == j["num_local_experts"],
+                    "{}: num_experts {} and num_local_experts {} disagree (they name the same setting; give one)",
+                    source, j.value("num_experts", json()).dump(), j.value("num_local_experts", json()).dump());
   c.experts_per_token =
       get_or<int64_t>(j, source, "num_experts_per_tok", mixtral ? 2 : c.architecture == "Qwen2MoeForCausalLM" ? 4 : 8);
   AUTOTP_USER_CHECK(c.num_experts >= 0, "{}: '{}' must not be negative, got {}", source, experts_key, c.num_experts);
@@ -226,25 +235,22 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
                     c.head_dim);
   c.max_positions = get_or<int64_t>(j, source, "max_position_embeddings", default_max_positions(c.architecture));
   c.norm_eps = get_or<double>(j, source, "rms_norm_eps", c.architecture == "Phi3ForCausalLM" || mixtral ? 1e-5 : 1e-6);
-  c.rope_theta = get_or<double>(j, source, "rope_theta", gemma3 || mixtral ? 1000000.0 : 10000.0);
-  AUTOTP_USER_CHECK(!j.contains("rope_parameters"),
-                    "{}: 'rope_parameters' (transformers 5 configs) is not supported; write rope_theta and "
-                    "rope_scaling as transformers 4.x does",
-                    source);
   // Gemma's MLP activation is hidden_activation (hidden_act in older configs).
   const char* act_key = c.gemma_norms && j.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
   const std::string allowed_act = c.gemma_norms ? "gelu_pytorch_tanh" : "silu";
   c.activation = get_or<std::string>(j, source, act_key, allowed_act);
   AUTOTP_USER_CHECK(c.activation == allowed_act, "{}: {} '{}' is not supported for {} (allowed: {})", source, act_key,
                     c.activation, c.architecture, allowed_act);
-  RopeScalingContext rope_context;
-  rope_context.head_dim = c.head_dim;
-  if (j.contains("original_max_position_embeddings") && !j["original_max_position_embeddings"].is_null())
-    rope_context.original_max_position_embeddings = require_int(j, "original_max_position_embeddings", source);
-  c.rope_scaling = RopeScaling::from_json(j.value("rope_scaling", json()), source, rope_context);
-  const double partial_rotary = get_or<double>(j, source, "partial_rotary_factor", 1.0);
-  AUTOTP_USER_CHECK(partial_rotary == 1.0, "{}: partial_rotary_factor {} is not supported (allowed: 1.0)", source,
-                    partial_rotary);
+  RopeConfigDefaults rope_defaults;
+  rope_defaults.theta = gemma3 || mixtral ? 1000000.0 : 10000.0;
+  rope_defaults.local_theta = gemma3 ? 10000.0 : 0.0;
+  rope_defaults.per_layer_type = gemma3;
+  rope_defaults.head_dim = c.head_dim;
+  rope_defaults.max_position_embeddings = c.max_positions;
+  const RopeConfig rope = read_rope_config(j, source, rope_defaults);
+  c.rope_theta = rope.theta;
+  c.rope_scaling = rope.scaling;
+  c.local_rope_theta = rope.local_theta;
   bool qwen2 = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen2MoeForCausalLM";
   if (qwen2) {
     c.qkv_bias = true;
@@ -282,7 +288,6 @@ void parse_llama(const json& j, const std::string& source, ModelConfig& c) {
     c.final_softcap = softcap("final_logit_softcapping", gemma3 ? 0.0 : 30.0);
     AUTOTP_USER_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0, "{}: softcapping values must be positive or null",
                       source);
-    if (gemma3) c.local_rope_theta = get_or<double>(j, source, "rope_local_base_freq", 10000.0);
   }
   c.fused_projections = c.architecture == "Phi3ForCausalLM";
   c.tie_word_embeddings = get_or<bool>(j, source, "tie_word_embeddings", c.gemma_norms);
@@ -324,6 +329,16 @@ void parse_gpt2(const json& j, const std::string& source, ModelConfig& c) {
 
 }  // namespace
 
+int config_generation(const json& config) {
+  if (config.contains("rope_parameters") && !config["rope_parameters"].is_null()) return 5;
+  if (config.contains("transformers_version") && config["transformers_version"].is_string()) {
+    const std::string version = config["transformers_version"].get<std::string>();
+    const int major = std::atoi(version.c_str());
+    if (major >= 5) return 5;
+  }
+  return 4;
+}
+
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                                  "Qwen3ForCausalLM", "Phi3ForCausalLM",  "Gemma2ForCausalLM",
@@ -341,7 +356,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   ModelConfig c;
   c.architecture = j["architectures"][0].get<std::string>();
   c.raw = j;
-  c.torch_dtype = get_or<std::string>(j, source, "torch_dtype", "float32");
+  // transformers >= 4.56 writes dtype, older ones torch_dtype; with both, HF keeps dtype.
+  c.torch_dtype = get_or<std::string>(j, source, "dtype", get_or<std::string>(j, source, "torch_dtype", "float32"));
+  c.generation = config_generation(j);
   if (c.architecture == "GPT2LMHeadModel") {
     c.family = ModelFamily::kGpt2;
     parse_gpt2(j, source, c);

@@ -39,11 +39,10 @@ torch::Tensor rotary_exponents(int64_t dim) {
 
 // longrope's factor lists hold one divisor per frequency. `where` prefixes the
 // message ("SOURCE: " when reading config.json, "" when building the tables).
-void check_factor_count(const std::vector<double>& factors, const char* key, int64_t head_dim,
+void check_factor_count(const std::vector<double>& factors, const std::string& key, int64_t head_dim,
                         const std::string& where) {
   AUTOTP_USER_CHECK(static_cast<int64_t>(factors.size()) == head_dim / 2,
-                    "{}rope_scaling.{} has {} values (expected head_dim / 2 = {})", where, key,
-                    factors.size(), head_dim / 2);
+                    "{}{} has {} values (expected head_dim / 2 = {})", where, key, factors.size(), head_dim / 2);
 }
 
 // short_factor or long_factor: a list of numbers > 0, of head_dim / 2 of them
@@ -59,7 +58,7 @@ std::vector<double> factor_list(const JsonSection& section, const char* key, int
   section.check(positive_numbers, key, "a list of numbers > 0");
   std::vector<double> factors;
   for (const json& v : list) factors.push_back(v.get<double>());
-  if (head_dim > 0) check_factor_count(factors, key, head_dim, source + ": ");
+  if (head_dim > 0) check_factor_count(factors, section.where(key), head_dim, source + ": ");
   return factors;
 }
 
@@ -114,8 +113,8 @@ RotaryFrequencies yarn(const RopeScaling& s, double theta, int64_t dim, int64_t 
 // beyond it (HF builds the long table on the first longer sequence).
 RotaryFrequencies longrope(const RopeScaling& s, double theta, int64_t dim, int64_t max_positions,
                            int64_t seq_len) {
-  check_factor_count(s.short_factor, "short_factor", dim, "");
-  check_factor_count(s.long_factor, "long_factor", dim, "");
+  check_factor_count(s.short_factor, "rope_scaling.short_factor", dim, "");
+  check_factor_count(s.long_factor, "rope_scaling.long_factor", dim, "");
   const int64_t context = s.original_max_positions > 0 ? s.original_max_positions : max_positions;
   // Without a factor HF takes how far max_position_embeddings extends the context.
   const double factor =
@@ -142,29 +141,29 @@ const std::vector<std::string>& RopeScaling::types() {
 }
 
 RopeScaling RopeScaling::from_json(const json& value, const std::string& source,
-                                   const RopeScalingContext& context) {
+                                   const RopeScalingContext& context, const std::string& path) {
   RopeScaling s;
   if (value.is_null()) return s;
-  if (!value.is_object()) throw UserError(fmt::format("{}: rope_scaling must be an object or null", source));
+  if (!value.is_object()) throw UserError(fmt::format("{}: {} must be an object or null", source, path));
   json given = json::object();  // HF writes unset options as null
   for (const auto& [key, v] : value.items())
     if (!v.is_null()) given[key] = v;
   const char* type_key = given.contains("rope_type") ? "rope_type" : "type";
-  AUTOTP_USER_CHECK(!given.contains(type_key) || given[type_key].is_string(), "{}: rope_scaling.{} must be a string",
-                    source, type_key);
+  AUTOTP_USER_CHECK(!given.contains(type_key) || given[type_key].is_string(), "{}: {}.{} must be a string",
+                    source, path, type_key);
   const std::string type = given.value(type_key, std::string());
   if (std::find(types().begin(), types().end(), type) == types().end())
-    throw UserError(fmt::format("{}: rope_scaling type '{}' is not supported (allowed: {})", source, type,
+    throw UserError(fmt::format("{}: {} type '{}' is not supported (allowed: {})", source, path, type,
                                 fmt::join(types(), ", ")));
   s.type = type;
-  const JsonSection section(given, "rope_scaling", source, keys_of(type), " for rope_scaling type " + type);
+  const JsonSection section(given, path, source, keys_of(type), " for " + path + " type " + type);
   if (type == "default") return s;
   if (type == "longrope") {
     s.factor = section.number("factor", 0);  // optional: 0 derives it from the contexts
     section.check(!section.has("factor") || s.factor > 0, "factor", "a number > 0");
   } else {
-    AUTOTP_USER_CHECK(section.has("factor"), "{}: rope_scaling.factor is missing (needed by type {})", source,
-                      type);
+    AUTOTP_USER_CHECK(section.has("factor"), "{}: {} is missing (needed by type {})", source,
+                      section.where("factor"), type);
     s.factor = section.number("factor", 1);
     section.check(type == "yarn" || type == "llama3" ? s.factor >= 1 : s.factor > 0, "factor",
                   type == "yarn" || type == "llama3" ? "a number >= 1" : "a number > 0");
@@ -184,10 +183,10 @@ RopeScaling RopeScaling::from_json(const json& value, const std::string& source,
     s.attention_factor = section.number("attention_factor", 1);
   if (type == "llama3") {
     for (const char* key : {"low_freq_factor", "high_freq_factor"})
-      AUTOTP_USER_CHECK(section.has(key), "{}: rope_scaling.{} is missing (needed by type llama3)", source, key);
+      AUTOTP_USER_CHECK(section.has(key), "{}: {} is missing (needed by type llama3)", source, section.where(key));
     AUTOTP_USER_CHECK(section.has("original_max_position_embeddings") || top_level_context,
-                      "{}: rope_scaling.original_max_position_embeddings is missing (needed by type llama3)",
-                      source);
+                      "{}: {} is missing (needed by type llama3)", source,
+                      section.where("original_max_position_embeddings"));
     s.low_freq_factor = section.number("low_freq_factor", 1);
     s.high_freq_factor = section.number("high_freq_factor", 4);
     section.check(s.high_freq_factor > s.low_freq_factor, "high_freq_factor", "a number > low_freq_factor");

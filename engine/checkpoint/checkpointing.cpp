@@ -17,6 +17,9 @@
 namespace autotp {
 namespace {
 
+// Where a checkpoint keeps the input model's companion files.
+constexpr const char* kModelFilesDir = "model_files";
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -171,6 +174,12 @@ const char* save_point_name(SavePhase phase) {
 
 }  // namespace
 
+std::string checkpoint_model_files(const io::SavedCheckpoint& checkpoint) {
+  const fs::path files = fs::path(checkpoint.dir()) / kModelFilesDir;
+  std::error_code error;
+  return fs::is_directory(files, error) ? files.string() : std::string();
+}
+
 std::string save_checkpoint(Trainer& trainer, const std::string& root, const SaveOptions& options) {
   torch::NoGradGuard no_grad;
   auto& topo = trainer.topology();
@@ -215,8 +224,16 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
                           static_cast<uint64_t>(records[r][1].item<int64_t>())});
   }
 
+  if (topo.rank() == 0 && !options.model_files_dir.empty()) {
+    const fs::path files = fs::path(staging) / kModelFilesDir;
+    std::error_code error;
+    fs::create_directories(files, error);
+    AUTOTP_USER_CHECK(!error, "{}: cannot create directory: {}", files.string(), error.message());
+    io::copy_companion_files(options.model_files_dir, files.string());
+  }
   if (options.gather_16bit_weights) {
     ExportOptions export_options;
+    export_options.model_files_dir = options.model_files_dir;
     const auto dtype = trainer.model().dtype();
     export_options.dtype = dtype == torch::kFloat32 ? torch::kBFloat16 : dtype;
     export_options.within_save = true;
@@ -292,9 +309,11 @@ void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& op
   auto& model = trainer.model();
   const auto tensors = model_tensors(model);
   std::unique_ptr<io::HfModelWriter> writer;
-  if (topo.rank() == 0)
+  if (topo.rank() == 0) {
     writer = std::make_unique<io::HfModelWriter>(dir, model.config().raw, hf_tensor_list(tensors),
                                                  export_dtype(options, model.dtype()), options.max_shard_bytes);
+    writer->copy_companions_from(options.model_files_dir);
+  }
   const FlatLayout& layout = trainer.optimizer().layout();
   const int tp_rank = topo.tp_rank();
   reset_memory_peak();
@@ -326,6 +345,7 @@ void export_hf(const io::SavedCheckpoint& ckpt, const std::string& dir, const Ex
   const auto& meta = ckpt.metadata();
   io::HfModelWriter writer(dir, meta.model_config, hf_tensor_list(meta.tensors),
                            export_dtype(options, parse_dtype(meta.dtype)), options.max_shard_bytes);
+  writer.copy_companions_from(options.model_files_dir.empty() ? checkpoint_model_files(ckpt) : options.model_files_dir);
   for (size_t i = 0; i < meta.tensors.size(); ++i) writer.write(meta.tensors[i].name, ckpt.read_full(i, "master"));
   writer.finish();
 }
@@ -388,6 +408,11 @@ std::string reshard_checkpoint(const io::SavedCheckpoint& ckpt, int tp, int dp, 
       const auto sum = io::checksum_file(path);
       meta.files.push_back({name, t, d, sum.crc32, sum.bytes});
     }
+  }
+  if (const std::string files = checkpoint_model_files(ckpt); !files.empty()) {
+    const fs::path copy = fs::path(staging) / kModelFilesDir;
+    fs::create_directories(copy);
+    io::copy_companion_files(files, copy.string());
   }
   io::commit_checkpoint(out_root, staging, meta);
   return (fs::path(out_root) / io::step_dir_name(meta.step)).string();

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "autotp/base/error.h"
@@ -20,19 +22,56 @@ std::string hf_dtype(torch::ScalarType dtype) {
   }
 }
 
+bool is_companion_file(const std::string& name) {
+  const auto& names = companion_file_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
 // The files an HF model directory written by us (or by HF) consists of.
 bool is_model_file(const std::string& name) {
-  return name == "config.json" || name == "model.safetensors.index.json" ||
+  return name == "config.json" || name == "model.safetensors.index.json" || is_companion_file(name) ||
          (name.rfind("model", 0) == 0 && name.size() > 12 && name.substr(name.size() - 12) == ".safetensors");
 }
 
 }  // namespace
 
+const std::vector<std::string>& companion_file_names() {
+  static const std::vector<std::string> names = {
+      "generation_config.json", "tokenizer.json",     "tokenizer_config.json", "special_tokens_map.json",
+      "added_tokens.json",      "tokenizer.model",    "vocab.json",            "merges.txt",
+      "vocab.txt",              "chat_template.jinja", "chat_template.json"};
+  return names;
+}
+
+std::vector<std::string> copy_companion_files(const std::string& from_dir, const std::string& to_dir) {
+  std::vector<std::string> copied;
+  if (from_dir.empty()) return copied;
+  for (const auto& name : companion_file_names()) {
+    const fs::path from = fs::path(from_dir) / name;
+    std::error_code error;
+    if (!fs::is_regular_file(from, error)) continue;
+    fs::copy_file(from, fs::path(to_dir) / name, fs::copy_options::overwrite_existing, error);
+    AUTOTP_USER_CHECK(!error, "{}: cannot copy {} into {}: {}", from.string(), name, to_dir, error.message());
+    copied.push_back(name);
+  }
+  return copied;
+}
+
+void set_config_dtype(nlohmann::json& config, const std::string& dtype) {
+  const bool has_dtype = config.contains("dtype"), has_torch_dtype = config.contains("torch_dtype");
+  if (has_dtype) config["dtype"] = dtype;
+  if (has_torch_dtype) config["torch_dtype"] = dtype;
+  if (has_dtype || has_torch_dtype) return;
+  const bool transformers5 = config.contains("transformers_version") && config["transformers_version"].is_string() &&
+                             std::atoi(config["transformers_version"].get<std::string>().c_str()) >= 5;
+  config[transformers5 || config.contains("rope_parameters") ? "dtype" : "torch_dtype"] = dtype;
+}
+
 HfModelWriter::HfModelWriter(std::string dir, nlohmann::json config,
                              std::vector<std::pair<std::string, std::vector<int64_t>>> tensors,
                              torch::ScalarType dtype, uint64_t max_shard_bytes)
     : dir_(std::move(dir)), config_(std::move(config)), dtype_(dtype), tensors_(std::move(tensors)) {
-  config_["torch_dtype"] = hf_dtype(dtype_);
+  set_config_dtype(config_, hf_dtype(dtype_));
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
   std::error_code error;
   if (fs::exists(dir_)) {
@@ -108,6 +147,7 @@ std::vector<std::string> HfModelWriter::finish() {
   }
   write_text_file_atomic(staging_ + "/config.json", config_.dump(2) + "\n");
   files.push_back("config.json");
+  for (const auto& name : copy_companion_files(companion_dir_, staging_)) files.push_back(name);
   std::error_code error;
   if (fs::exists(dir_)) {
     const std::string old = fmt::format("{}.old.{}", dir_, ::getpid());

@@ -11,6 +11,7 @@
 
 #include "autotp/comm/autograd_collectives.h"
 #include "autotp/model/attention.h"
+#include "autotp/model/fused_experts.h"
 #include "autotp/model/rms_norm.h"
 #include "autotp/base/error.h"
 #include "autotp/tp/parallel_layers.h"
@@ -301,15 +302,29 @@ LoadReport CausalLM::load(const io::CheckpointReader& checkpoint) {
     const auto& d = p.entry->desc;
     std::string stored = d.name;
     if (!checkpoint.contains(stored) && d.name.rfind(prefix, 0) == 0) stored = d.name.substr(prefix.size());
+    if (!checkpoint.contains(stored) && checkpoint.contains(transformers5_module_name(d.name)))
+      stored = transformers5_module_name(d.name);
+    const ShardSpec& spec = p.spec();
     if (!checkpoint.contains(stored)) {
-      missing.push_back(d.name);
+      // transformers 5's fused experts: this expert's slice of the layer's 3-D tensor.
+      const auto fused = fused_expert_slice(checkpoint, d.name, config_.expert_intermediate_size);
+      if (!fused) {
+        missing.push_back(d.name);
+        continue;
+      }
+      unused.erase(fused->fused_name);
+      const torch::Tensor whole = read_fused_expert(checkpoint, *fused, dtype_);
+      AUTOTP_USER_CHECK(whole.sizes().vec() == d.shape, "checkpoint tensor '{}' holds expert {} as [{}], the config needs [{}]",
+                        fused->fused_name, fused->expert, fmt::join(whole.sizes(), ", "), fmt::join(d.shape, ", "));
+      const torch::Tensor local = spec.slice(whole, tp_.rank());
+      report.bytes_read += whole.numel() * static_cast<int64_t>(torch::elementSize(dtype_));
+      p.tensor.copy_(local);
       continue;
     }
     unused.erase(stored);
     const auto& info = checkpoint.info(stored);
     AUTOTP_USER_CHECK(info.shape == d.shape, "checkpoint tensor '{}' has shape [{}], the config needs [{}]", stored,
                       fmt::join(info.shape, ", "), fmt::join(d.shape, ", "));
-    const ShardSpec& spec = p.spec();
     torch::Tensor local;
     if (spec.is_replicated()) {
       local = checkpoint.read(stored, dtype_);

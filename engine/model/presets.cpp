@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 
+#include "autotp/io/hf_writer.h"
 #include "autotp/io/safetensors.h"
 #include "autotp/base/error.h"
 
@@ -251,11 +252,12 @@ void write_model_dir(const ModelSource& source, const std::string& dir, torch::S
   auto model = load_model(source, TpPlan::build(source.config, TpPlanOptions{}), self, dtype, seed);
   ::mkdir(dir.c_str(), 0755);
   nlohmann::json config = source.config.raw;
-  config["torch_dtype"] = hf_dtype_name(dtype);
+  io::set_config_dtype(config, hf_dtype_name(dtype));
   io::NamedTensors tensors;
   for (auto& p : model->parameters()) tensors.emplace_back(p.name(), p.tensor.detach());
   io::write_checkpoint(dir, tensors);
   io::write_text_file_atomic(dir + "/config.json", config.dump(2) + "\n");
+  if (source.dir) io::copy_companion_files(*source.dir, dir);
 }
 
 torch::ScalarType parse_dtype(const std::string& name) {

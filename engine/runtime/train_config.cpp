@@ -29,7 +29,10 @@ const std::vector<std::string> kTopKeys = {"train_batch_size",
                                            "steps_per_print",
                                            "wall_clock_breakdown",
                                            "device",
-                                           "non_finite"};
+                                           "non_finite",
+                                           // HF-Trainer configs carry these; DeepSpeed's own optimizer is always used
+                                           "zero_allow_untested_optimizer",
+                                           "zero_force_ds_cpu_optimizer"};
 const std::vector<std::string> kDevices = {"cpu", "cuda", "auto"};
 const std::vector<std::string> kNonFinite = {"error", "skip"};
 
@@ -86,6 +89,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
   c.device = top.string("device", c.device);
   top.check(std::find(kDevices.begin(), kDevices.end(), c.device) != kDevices.end(), "device",
             "one of cpu, cuda, auto");
+  top.boolean("zero_allow_untested_optimizer", false);  // type checks only: no effect (docs/config.md)
+  top.boolean("zero_force_ds_cpu_optimizer", false);
   c.non_finite = top.string("non_finite", c.non_finite);
   top.check(std::find(kNonFinite.begin(), kNonFinite.end(), c.non_finite) != kNonFinite.end(), "non_finite",
             "one of error, skip");

@@ -52,6 +52,21 @@ torch::ScalarType training_dtype(const TrainConfig& config) {
   return config.fp16.enabled ? torch::kFloat16 : torch::kFloat32;
 }
 
+// ZeRO-Offload sections: on a CPU device the states already live in host memory.
+void Trainer::report_offload() const {
+  const ZeroConfig& z = config_.zero;
+  if (!z.offloads()) return;
+  AUTOTP_USER_CHECK(!model_->device().is_cuda(),
+                    "zero_optimization.offload_optimizer / offload_param with device \"cpu\" is not supported on "
+                    "CUDA devices yet (allowed there: \"none\", or leave the sections out); on --device cpu it "
+                    "trains as without offload");
+  if (z.offload_param_device != "none" && z.stage != 3)
+    log().warn("zero_optimization.offload_param applies at stage 3 only (stage is {}): ignored", z.stage);
+  log().info("zero_optimization offload to cpu (optimizer: {}, parameters: {}): this rank trains on the CPU, where "
+             "the model states already are; training runs as without offload",
+             z.offload_optimizer_device, z.offload_param_device);
+}
+
 Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::unique_ptr<CausalLM> model,
                  std::shared_ptr<Dataset> data, bool shuffle)
     : config_(std::move(config)),
@@ -73,6 +88,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::un
     }
     model_->set_activation_checkpointing(per_layer);
   }
+  report_offload();
   if (data_)
     sampler_ = std::make_unique<DistributedSampler>(data_->size(), config_.train_micro_batch_size_per_gpu,
                                                     config_.gradient_accumulation_steps, topology_->dp_size(),

@@ -2,6 +2,24 @@
 
 namespace autotp {
 
+namespace {
+
+// DeepSpeed's offload sections; their other keys tune the transfers and the NVMe path.
+std::string read_offload(const JsonSection& zero, const std::string& key) {
+  if (!zero.has(key)) return "none";
+  const JsonSection o = zero.section(key, {"device", "pin_memory", "nvme_path", "buffer_count", "buffer_size",
+                                           "max_in_cpu", "fast_init", "ratio", "pipeline", "pipeline_read",
+                                           "pipeline_write"});
+  const std::string device = o.string("device", "none");
+  o.check(device == "none" || device == "cpu", "device",
+          device == "nvme" ? "cpu or none: offloading to NVMe is not supported; use \"device\": \"cpu\""
+                           : "cpu or none");
+  o.boolean("pin_memory", false);  // type check; pinning matters for CUDA transfers only
+  return device;
+}
+
+}  // namespace
+
 ZeroConfig ZeroConfig::read(const JsonSection& top) {
   ZeroConfig z;
   // DeepSpeed accepts the stage3_ spelling as an alias of gather_16bit_weights_on_model_save.
@@ -9,7 +27,10 @@ ZeroConfig ZeroConfig::read(const JsonSection& top) {
       top.section("zero_optimization", {"stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm",
                                         "contiguous_gradients", "stage3_prefetch_bucket_size",
                                         "stage3_param_persistence_threshold", "gather_16bit_weights_on_model_save",
-                                        "stage3_gather_16bit_weights_on_model_save"});
+                                        "stage3_gather_16bit_weights_on_model_save", "stage3_max_live_parameters",
+                                        "stage3_max_reuse_distance", "sub_group_size", "allgather_partitions",
+                                        "reduce_scatter", "round_robin_gradients", "offload_optimizer",
+                                        "offload_param"});
   int64_t stage = s.integer("stage", z.stage);
   s.check(stage >= 0 && stage <= 3, "stage", "0, 1, 2, 3");
   z.stage = static_cast<int>(stage);
@@ -32,6 +53,17 @@ ZeroConfig ZeroConfig::read(const JsonSection& top) {
     s.fail("{} and {} disagree (they are the same setting; give one)",
            s.where("gather_16bit_weights_on_model_save"), s.where(alias));
   z.gather_16bit_weights_on_model_save = plain || staged;
+  for (auto [key, value] : {std::pair{"stage3_max_live_parameters", &z.stage3_max_live_parameters},
+                            std::pair{"stage3_max_reuse_distance", &z.stage3_max_reuse_distance},
+                            std::pair{"sub_group_size", &z.sub_group_size}}) {
+    *value = s.integer(key, *value);
+    s.check(*value >= 0, key, "an integer >= 0 (elements)");
+  }
+  z.allgather_partitions = s.boolean("allgather_partitions", z.allgather_partitions);
+  z.reduce_scatter = s.boolean("reduce_scatter", z.reduce_scatter);
+  z.round_robin_gradients = s.boolean("round_robin_gradients", z.round_robin_gradients);
+  z.offload_optimizer_device = read_offload(s, "offload_optimizer");
+  z.offload_param_device = read_offload(s, "offload_param");
   return z;
 }
 
@@ -44,6 +76,9 @@ nlohmann::json ZeroConfig::to_json() const {
                       {"stage3_param_persistence_threshold", stage3_param_persistence_threshold},
                       {"gather_16bit_weights_on_model_save", gather_16bit_weights_on_model_save}};
   if (overlap_comm) j["overlap_comm"] = *overlap_comm;  // unset: by device
+  j["stage3_max_live_parameters"] = stage3_max_live_parameters;
+  if (offload_optimizer_device != "none") j["offload_optimizer"] = {{"device", offload_optimizer_device}};
+  if (offload_param_device != "none") j["offload_param"] = {{"device", offload_param_device}};
   return j;
 }
 

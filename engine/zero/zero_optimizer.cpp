@@ -107,7 +107,8 @@ ZeroOptimizer::ZeroOptimizer(CausalLM& model, Topology& topology, const ZeroSett
       mixed_(model.dtype() != torch::kFloat32),
       fp32_accum_(model.dtype() != torch::kFloat32 && config.gradient_accumulation_steps > 1),
       overlap_(config.zero.overlaps(model.device().is_cuda()) && topology.dp_size() > 1),
-      prefetch_(overlap_ && stage_ == 3 && config.zero.stage3_prefetch_bucket_size > 0) {
+      prefetch_(overlap_ && stage_ == 3 && config.zero.stage3_prefetch_bucket_size > 0),
+      max_live_(config.zero.stage3_max_live_parameters) {
   torch::NoGradGuard no_grad;
   auto& params = model_.parameters();
   const int tp_rank = topo_.tp_rank(), dp = topo_.dp_size(), dp_rank = topo_.dp_rank();
@@ -390,6 +391,15 @@ void ZeroOptimizer::finish_in_flight(size_t keep) {
 
 void ZeroOptimizer::prefetch_use(int64_t use) {
   torch::NoGradGuard no_grad;
+  // stage3_max_live_parameters: the elements gathered (or in flight) plus the next use's.
+  int64_t live = 0;
+  for (size_t u = 0; u < gathered_.size(); ++u)
+    if (static_cast<int>(u) != layout_.whole_unit && (gathered_[u] > 0 || prefetched_.count(static_cast<int>(u))))
+      live += unit_buffers_[u].numel();
+  for (int unit : use_units_.at(use + 1))
+    if (unit != layout_.whole_unit && gathered_[unit] == 0 && !prefetched_.count(unit))
+      live += unit_buffers_[unit].numel();
+  if (live > max_live_) return;
   for (int unit : use_units_.at(use + 1)) {
     if (unit == layout_.whole_unit || gathered_[unit] > 0 || prefetched_.count(unit)) continue;
     const torch::Tensor& buffer = unit_buffers_[unit];

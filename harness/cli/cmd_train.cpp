@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +17,10 @@
 #include "autotp/base/run_phase.h"
 #include "autotp/checkpoint/checkpointing.h"
 #include "autotp/runtime/trainer.h"
+#include "autotp/base/json_file.h"
+#include "autotp/runtime/hf_trainer_config.h"
 #include "cli/cli.h"
+#include "cli/hf_training_flags.h"
 #include "launcher/restarts.h"
 
 namespace autotp::cli {
@@ -88,16 +92,26 @@ struct TrainArgs {
   int64_t steps = 10, seq_len = 0, save_every = 0;
   bool no_shuffle = false;
   std::optional<uint64_t> seed;
+  std::optional<int64_t> max_steps;  // HF's name of --steps
+  CLI::Option* steps_option = nullptr;
+  HfTrainingFlags hf;
   WorldOptions world;
 };
 
 void add_train_options(CLI::App* cmd, TrainArgs* args) {
-  cmd->add_option("--config", args->config, "DeepSpeed-style JSON config (see docs/config.md)")->required();
+  cmd->add_option("--config,--deepspeed", args->config,
+                  "DeepSpeed-style JSON config, HF-Trainer \"auto\" values included (see docs/config.md)")
+      ->required();
   cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
   cmd->add_option("--data", args->data, "Training data: .txt, .jsonl, .json token arrays or .bin (see docs/data.md)")
       ->required();
-  cmd->add_option("--steps", args->steps, "Train until this optimizer step (default 10; counts resumed steps too)")
-      ->check(CLI::PositiveNumber);
+  args->steps_option =
+      cmd->add_option("--steps", args->steps, "Train until this optimizer step (default 10; counts resumed steps too)")
+          ->check(CLI::PositiveNumber);
+  cmd->add_option("--max_steps,--max-steps", args->max_steps,
+                  "HF's name of --steps; a scheduler total_num_steps number must equal it")
+      ->check(CLI::PositiveNumber)
+      ->excludes(args->steps_option);
   cmd->add_option("--save", args->save, "Checkpoint root: writes DIR/step_N/ and DIR/latest at the end (and every --save-every steps)");
   cmd->add_option("--save-every", args->save_every, "Also save every N steps (needs --save)")->check(CLI::PositiveNumber);
   cmd->add_option("--resume", args->resume,
@@ -115,9 +129,42 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
   cmd->add_option("--tokenizer", args->tokenizer,
                   "Tokenizer of .txt/.jsonl data: auto (the model directory's own; byte-level for presets), "
                   "bytes, or a directory with tokenizer.json / tokenizer.model (default auto)");
+  add_hf_training_flags(*cmd, args->hf);
   add_world_options(*cmd, args->world);
   add_restart_option(*cmd, args->world);
   add_device_options(*cmd, args->world);
+}
+
+// The config with its HF-Trainer "auto" values filled from the flags.
+ResolvedTrainConfig resolve_config_file(const TrainArgs& args, const ModelSource& source, const DistEnv& env) {
+  HfTrainingArguments hf = args.hf.resolved();
+  if (args.max_steps || args.steps_option->count() > 0) hf.max_steps = args.steps;
+  hf.max_steps_from_hf_flag = args.max_steps.has_value();
+  HfResolveContext context;
+  context.world_size = env.world_size;
+  context.hidden_size = source.config.hidden_size;
+  return resolve_hf_trainer_config(read_json_file(args.config, "config file"), hf, context, args.config);
+}
+
+// Rank 0 prints what was filled and writes resolved_config.json beside --metrics
+// (else into --save); called once every input has been checked.
+void publish_resolved_config(const TrainArgs& args, const ResolvedTrainConfig& resolved, const DistEnv& env) {
+  if (env.rank != 0 || env.restart_count > 0) return;
+  if (!resolved.filled.empty())
+    log().info("{}: \"auto\" values filled as the HF Trainer fills them:\n  {}\nresolved config: {}", args.config,
+               fmt::join(resolved.filled, "\n  "), resolved.config.dump());
+  namespace fs = std::filesystem;
+  fs::path dir;
+  if (!args.metrics.empty())
+    dir = fs::path(args.metrics).parent_path();
+  else if (!args.save.empty())
+    dir = fs::path(args.save);
+  else
+    return;
+  if (dir.empty()) dir = ".";
+  std::error_code error;
+  fs::create_directories(dir, error);
+  io::write_text_file_atomic((dir / "resolved_config.json").string(), resolved.config.dump(2) + "\n");
 }
 
 // True unless `latest` was written before this run's first attempt began
@@ -190,11 +237,12 @@ int64_t run_steps(const TrainArgs& args, Trainer& trainer, Topology& topology, c
 
 void run_train(const TrainArgs& args) {
   // Everything that can be checked without the others is checked before the rendezvous.
-  auto config = TrainConfig::from_file(args.config);
-  if (args.seed) config.seed = *args.seed;
   DistEnv env = DistEnv::from_environment();
-  config.resolve_batch(env.world_size);
   auto source = resolve_model(args.model);
+  const ResolvedTrainConfig resolved = resolve_config_file(args, source, env);
+  auto config = TrainConfig::from_json(resolved.config, args.config);
+  if (args.seed) config.seed = *args.seed;
+  config.resolve_batch(env.world_size);
   auto plan = TpPlan::build(source.config, config.tensor_parallel.plan_options());
   DataOptions data_options;
   data_options.seq_len = args.seq_len;
@@ -206,11 +254,13 @@ void run_train(const TrainArgs& args) {
   ExportOptions export_options;
   if (!args.export_dtype.empty()) export_options.dtype = parse_dtype(args.export_dtype);
   export_options.max_shard_bytes = io::parse_byte_size(args.max_shard_size);
+  export_options.model_files_dir = source.dir.value_or("");
   std::optional<io::SavedCheckpoint> resume;
   const std::string resume_from = resume_source(args, env);
   if (!resume_from.empty()) resume = io::SavedCheckpoint::open(resume_from);  // bad paths fail before the rendezvous
 
   const Placement placement = place_rank(args.world, config.device);
+  publish_resolved_config(args, resolved, env);
   const torch::ScalarType dtype = training_dtype(config);
   auto topology = join_world(args.world, config.tensor_parallel.autotp_size, placement.backend);
   torch::manual_seed(config.seed);
@@ -232,6 +282,7 @@ void run_train(const TrainArgs& args) {
                first_step, args.steps);
   SaveOptions save_options;
   save_options.gather_16bit_weights = config.zero.gather_16bit_weights_on_model_save;
+  save_options.model_files_dir = source.dir.value_or("");
   const int64_t saved_at = run_steps(args, trainer, *topology, config, *data, save_options, env.restart_count);
 
   if (!args.save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args.save, save_options);
@@ -247,6 +298,7 @@ void register_train(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a model with AutoTP + ZeRO from a DeepSpeed-style JSON config");
   add_train_options(cmd, args.get());
   cmd->callback([args] {
+    if (args->max_steps) args->steps = *args->max_steps;
     if (!run_as_rank(args->world)) return;
     run_train(*args);
   });

@@ -64,7 +64,11 @@ struct ModelConfig {
   // sliding_window on every layer; Qwen2's and Qwen3's with use_sliding_window, on
   // the layers from max_window_layers on, or as `layer_types` says.
   std::vector<int64_t> layer_sliding_window;
-  std::string torch_dtype = "float32";  // as written in config.json
+  std::string torch_dtype = "float32";  // as written in config.json ("dtype", else "torch_dtype")
+  // The transformers generation whose keys config.json uses: 5 when it has
+  // rope_parameters or says transformers_version 5.x, else 4. Export writes back
+  // `raw`, so a model leaves in the generation it came in.
+  int generation = 4;
   nlohmann::json raw;             // the original config, written back on export
 
   // Parses and validates; `source` names the file in error messages (UserError).
@@ -90,6 +94,10 @@ struct ModelConfig {
   // Prefix of the base model in HF parameter names: "model." or "transformer.".
   std::string base_prefix() const { return family == ModelFamily::kGpt2 ? "transformer." : "model."; }
 };
+
+// 5 for a config.json written by transformers 5 (rope_parameters, or
+// transformers_version 5.x), else 4.
+int config_generation(const nlohmann::json& config);
 
 // Architectures accepted in config.json "architectures".
 const std::vector<std::string>& supported_architectures();

@@ -49,9 +49,10 @@ struct RopeScaling {
   // The `rope_scaling` value of config.json (null or absent: default). The type
   // comes from "rope_type" or the older "type"; unknown types and keys are a
   // UserError naming `source` and the allowed values. `context` carries the
-  // top-level keys rope_scaling depends on (see RopeScalingContext).
+  // top-level keys rope_scaling depends on (see RopeScalingContext). `path` names the
+  // object in messages: "rope_scaling", or a transformers 5 "rope_parameters" entry.
   static RopeScaling from_json(const nlohmann::json& rope_scaling, const std::string& source,
-                               const RopeScalingContext& context = {});
+                               const RopeScalingContext& context = {}, const std::string& path = "rope_scaling");
   static const std::vector<std::string>& types();
 };
 

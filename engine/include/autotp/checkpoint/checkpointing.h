@@ -24,6 +24,10 @@ enum class SavePhase {
 
 struct SaveOptions {
   bool gather_16bit_weights = false;  // also write step_<N>/hf_model: the consolidated model in 16 bits
+  // The input model directory: its companion files (tokenizer, chat template,
+  // generation_config.json; io::companion_file_names) are kept in step_<N>/model_files/
+  // so that an export from the checkpoint is a complete model directory ("" = none).
+  std::string model_files_dir;
   std::function<void(SavePhase)> fault_hook;  // tests only; empty in production
 };
 
@@ -42,7 +46,14 @@ struct ExportOptions {
   std::optional<torch::ScalarType> dtype;  // default: the training dtype
   uint64_t max_shard_bytes = 0;            // 0: one model.safetensors
   bool within_save = false;                // a checkpoint's hf_model/: the phase stays "checkpoint"
+  // Companion files (tokenizer, chat template, generation_config.json) copied beside
+  // the weights from this directory ("" = none). The checkpoint export takes its
+  // step_<N>/model_files/ when this is empty.
+  std::string model_files_dir;
 };
+
+// The checkpoint's copy of the input's companion files ("" when it has none).
+std::string checkpoint_model_files(const io::SavedCheckpoint& checkpoint);
 
 // Consolidated HF model directory from the live trainer (rank 0 writes; every
 // rank holds at most one whole tensor at a time). Collective.

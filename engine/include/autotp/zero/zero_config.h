@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "autotp/base/strict_json.h"
 
@@ -22,6 +23,23 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50000000;   // > 0: stage 3 gathers the next layer ahead (one use); 0: off
   int64_t stage3_param_persistence_threshold = 100000;  // stage 3: tensors below this many elements stay whole
   bool gather_16bit_weights_on_model_save = false;  // stage 3: also save gathered 16-bit weights
+  // Stage 3: at most this many parameters gathered at once (DeepSpeed's default 1e9):
+  // the next layer is prefetched only while the gathered ones and it stay within it.
+  // The layer in use is always gathered, whatever its size.
+  int64_t stage3_max_live_parameters = 1000000000;
+  // Accepted with DeepSpeed's meaning and no effect here (docs/config.md says why):
+  int64_t stage3_max_reuse_distance = 1000000000;  // autotp never keeps a gathered layer for reuse
+  int64_t sub_group_size = 1000000000;             // autotp's update runs tensor by tensor
+  bool allgather_partitions = true;                // the gather is always an all-gather
+  bool reduce_scatter = true;                      // stages 2-3 always reduce-scatter
+  bool round_robin_gradients = false;              // gradients are partitioned in flat-buffer order
+  // ZeRO-Offload ("offload_optimizer" at stages 1-3, "offload_param" at stage 3):
+  // "none" or "cpu" ("nvme" is refused). On a CPU device the states already live
+  // in host memory, so training runs as without offload (one log line says so);
+  // CUDA devices refuse it until ZeRO-Offload has its own code path.
+  std::string offload_optimizer_device = "none";
+  std::string offload_param_device = "none";
+  bool offloads() const { return offload_optimizer_device != "none" || offload_param_device != "none"; }
 
   static ZeroConfig read(const JsonSection& top);  // top["zero_optimization"]
   nlohmann::json to_json() const;                  // overlap_comm only when set

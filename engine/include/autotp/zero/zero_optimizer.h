@@ -196,6 +196,7 @@ class ZeroOptimizer {
   bool fp32_accum_;  // 16-bit training with gradient accumulation: gradients accumulate in fp32
   bool overlap_;     // collectives started on the lane, waited just before their results are needed
   bool prefetch_;    // stage 3: gather the next use's units ahead
+  int64_t max_live_; // stage 3: prefetch only while the gathered elements stay within this
   FlatLayout layout_;
   std::vector<PartitionPiece> pieces_;             // this dp rank's partition
   ZeroUnits ids_;
