@@ -25,6 +25,7 @@ TEST(InstructionMasking, PromptTokensContributeNothingToLossOrGradients) {
                              R"({"instruction": "Add the numbers", "input": "2 and 3", "output": "5"})" "\n"
                              R"({"instruction": "Name a colour", "output": "blue"})" "\n");
   DataOptions options;
+  options.sft.prompt_template = "plain";
   options.seq_len = 40;
   options.vocab_size = 259;
   auto data = open_dataset(dir + "/sft.jsonl", options);

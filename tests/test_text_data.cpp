@@ -124,6 +124,7 @@ TEST(TextTokenizer, InstructionPromptMaskEndsAtTheTokenizersBoundary) {
       write(dir + "/sft.jsonl", R"({"instruction": "Name the capital of France.", "output": "Paris is the capital."})"
                                 "\n");
   DataOptions options;
+  options.sft.prompt_template = "plain";  // the longest-common-prefix mask under test
   options.seq_len = 64;
   options.vocab_size = 5000;
   options.tokenizer = tok::load_model_tokenizer(dir);
@@ -178,6 +179,7 @@ TEST(TextTokenizer, PromptTokenMergedWithTheOutputIsLearned) {
   const std::string path = write(dir + "/sft.jsonl", R"({"instruction": "q", "output": "xq"})"
                                                      "\n");
   DataOptions options;
+  options.sft.prompt_template = "plain";  // the longest-common-prefix mask under test
   options.seq_len = 6;
   options.vocab_size = 6;
   options.tokenizer = tok::load_model_tokenizer(dir);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "autotp/data/sft_examples.h"
 #include "autotp/data/token_sequences.h"
 #include "autotp/base/error.h"
 
@@ -314,58 +316,53 @@ std::unique_ptr<Dataset> open_token_arrays(const std::string& path, const DataOp
   return std::make_unique<TokenArraysDataset>(path, std::move(sequences));
 }
 
-// ---------------------------------------------------------------- .jsonl records
+// ---------------------------------------------------------------- records (.jsonl, .json arrays)
 
-// Instruction examples: one per record, not packed. Only the output (and EOS)
-// is learned; the prompt is context.
-class InstructionDataset : public Dataset {
+// Supervised fine-tuning examples: one per record, not packed. Only the learned
+// tokens (an instruction's output and EOS, a chat's assistant turns) are targets.
+class SftDataset : public Dataset {
  public:
-  struct Record {
-    std::vector<uint32_t> tokens;  // BOS + prompt + output + EOS, cut to seq_len + 1
-    int64_t prompt_tokens = 0;     // BOS + the prompt's tokens (masked out of the loss)
-  };
-
-  InstructionDataset(std::string path, std::vector<Record> records, const DataOptions& options,
-                     int64_t record_count, int64_t truncated, int64_t skipped)
+  SftDataset(std::string path, std::string kind, std::vector<SftExample> examples, const DataOptions& options,
+             int64_t record_count, int64_t truncated, int64_t skipped)
       : path_(std::move(path)),
-        records_(std::move(records)),
+        kind_(std::move(kind)),
+        examples_(std::move(examples)),
         seq_len_(options.seq_len),
         pad_id_(options.pad_id),
         record_count_(record_count),
         truncated_(truncated),
         skipped_(skipped) {}
 
-  int64_t size() const override { return static_cast<int64_t>(records_.size()); }
+  int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
   int64_t seq_len() const override { return seq_len_; }
 
   Example get(int64_t index) const override {
-    TORCH_CHECK(index >= 0 && index < size(), "InstructionDataset::get: index ", index, " outside [0, ",
-                size(), ") for ", path_);
-    const Record& record = records_[static_cast<size_t>(index)];
+    TORCH_CHECK(index >= 0 && index < size(), "SftDataset::get: index ", index, " outside [0, ", size(), ") for ",
+                path_);
+    const SftExample& record = examples_[static_cast<size_t>(index)];
     const auto count = static_cast<int64_t>(record.tokens.size());
     Example example;
     example.input_ids.assign(static_cast<size_t>(seq_len_), pad_id_);
     example.labels.assign(static_cast<size_t>(seq_len_), kIgnoreLabel);
     for (int64_t t = 0; t < seq_len_ && t < count; ++t) {
       example.input_ids[static_cast<size_t>(t)] = record.tokens[static_cast<size_t>(t)];
-      // labels[t] is token t + 1: learned only where that token is output or EOS.
-      if (t + 1 < count && t + 1 >= record.prompt_tokens) {
+      // labels[t] is token t + 1: kept where that token is learned.
+      if (t + 1 < count && record.learned[static_cast<size_t>(t + 1)])
         example.labels[static_cast<size_t>(t)] = record.tokens[static_cast<size_t>(t + 1)];
-      }
     }
     return example;
   }
 
   std::string describe() const override {
     return fmt::format(
-        "{}: {} instruction records, {} examples of {} tokens ({} of them truncated; {} records skipped: "
-        "no output token left after truncation)",
-        path_, record_count_, size(), seq_len_, truncated_, skipped_);
+        "{}: {} {} records, {} examples of {} tokens ({} of them truncated; {} records skipped: no learned token "
+        "left after truncation)",
+        path_, record_count_, kind_, size(), seq_len_, truncated_, skipped_);
   }
 
  private:
-  std::string path_;
-  std::vector<Record> records_;
+  std::string path_, kind_;
+  std::vector<SftExample> examples_;
   int64_t seq_len_;
   int64_t pad_id_;
   int64_t record_count_;
@@ -373,157 +370,181 @@ class InstructionDataset : public Dataset {
   int64_t skipped_;
 };
 
-enum class RecordKind { kText, kInstruction };
-
-const char* kind_name(RecordKind kind) { return kind == RecordKind::kText ? "text" : "instruction"; }
-
-std::string string_field(const std::string& path, int64_t line, const nlohmann::json& record,
-                         const char* key) {
-  const auto it = record.find(key);
-  AUTOTP_USER_CHECK(it != record.end(), "{}: line {}: the record has no \"{}\" field", path, line, key);
-  AUTOTP_USER_CHECK(it->is_string(), "{}: line {}: \"{}\" must be a string, got {}", path, line, key,
-                    it->type_name());
-  return it->get<std::string>();
-}
-
-// A record is text ({"text"}) or an instruction ({"instruction", "output"}), never both.
-RecordKind record_kind(const std::string& path, int64_t line_number, const nlohmann::json& record) {
-  AUTOTP_USER_CHECK(record.is_object(), "{}: line {}: expected a JSON object, got {}", path, line_number,
-                    record.type_name());
-  const bool has_text = record.contains("text");
-  const bool has_instruction = record.contains("instruction");
-  AUTOTP_USER_CHECK(!(has_text && has_instruction),
-                    "{}: line {}: a record has either \"text\" or \"instruction\", not both", path, line_number);
-  AUTOTP_USER_CHECK(!record.contains("messages") || has_text || has_instruction,
-                    "{}: line {}: \"messages\" records need the model's chat_template, which autotp does not "
-                    "render (docs/data.md); write the rendered conversation as {{\"text\"}}, or use "
-                    "{{\"instruction\", \"input\", \"output\"}} records",
-                    path, line_number);
-  AUTOTP_USER_CHECK(has_text || has_instruction,
-                    "{}: line {}: the record has neither \"text\" nor \"instruction\" (with \"output\")", path,
-                    line_number);
-  return has_text ? RecordKind::kText : RecordKind::kInstruction;
-}
-
-// [BOS], the prompt (instruction, the optional input, a newline), the output, EOS;
-// the prompt's tokens are masked out of the loss. Prompt and output are encoded
-// as one text (as the model reads them); the prompt is the longest prefix of those
-// ids that the prompt alone encodes to, so a token spanning the boundary is learned.
-InstructionDataset::Record instruction_tokens(const std::string& path, int64_t line_number,
-                                              const nlohmann::json& record, const tok::TextTokenizer& tokenizer) {
-  const std::string instruction = string_field(path, line_number, record, "instruction");
-  const std::string output = string_field(path, line_number, record, "output");
-  std::string input;
-  if (record.contains("input") && !record["input"].is_null()) input = string_field(path, line_number, record, "input");
-  const std::string prompt = instruction + (input.empty() ? "" : "\n" + input) + "\n";
-  std::vector<int64_t> prompt_ids, ids;
-  tokenizer.encode(prompt, prompt_ids);
-  tokenizer.encode(prompt + output, ids);
-  const auto common = std::mismatch(prompt_ids.begin(), prompt_ids.end(), ids.begin(), ids.end()).first;
-  InstructionDataset::Record example;
-  if (tokenizer.add_bos) example.tokens.push_back(static_cast<uint32_t>(*tokenizer.bos_id));
-  example.prompt_tokens =
-      static_cast<int64_t>(example.tokens.size()) + static_cast<int64_t>(common - prompt_ids.begin());
-  append_ids(ids, example.tokens);
-  if (tokenizer.eos_id) example.tokens.push_back(static_cast<uint32_t>(*tokenizer.eos_id));
-  return example;
-}
-
-// What a .jsonl file holds: packed text records or instruction records.
-struct JsonlContent {
+// What a records file holds: packed text, or SFT examples of one kind.
+struct RecordsContent {
   RecordKind kind = RecordKind::kText;
   std::vector<uint32_t> text_tokens;
-  std::vector<InstructionDataset::Record> instructions;
+  std::vector<SftExample> examples;
   int64_t record_count = 0, truncated = 0, skipped = 0;
 };
 
-// `stream_only`: text records only (a token file has no place for a prompt mask).
-JsonlContent read_jsonl(const std::string& path, const DataOptions& options, const tok::TextTokenizer& tokenizer,
-                        bool stream_only, const TokenizeProgress& progress) {
+// Reads records one by one (a .jsonl line, or an element of a .json array); `where`
+// names the record in messages ("line 3", "record 3").
+class RecordReader {
+ public:
+  // `stream_only`: text records only (a token file has no place for a learned mask).
+  RecordReader(const std::string& path, const DataOptions& options,
+               std::shared_ptr<const tok::TextTokenizer> tokenizer, bool stream_only)
+      : path_(path),
+        tokenizer_(tokenizer),
+        encoder_(std::move(tokenizer), options.sft),
+        max_tokens_(static_cast<size_t>(options.seq_len + 1)),
+        stream_only_(stream_only) {}
+
+  void add(const nlohmann::json& record, const std::string& where) {
+    try {
+      add_record(record, where);
+    } catch (const UserError& e) {
+      if (std::string(e.what()).rfind(path_, 0) == 0) throw;  // names the file already
+      throw_user_error("{}: {}: {}", path_, where, e.what());
+    }
+  }
+  RecordsContent finish() {
+    AUTOTP_USER_CHECK(c_.record_count > 0, "{}: the file holds no records; there is nothing to train on", path_);
+    return std::move(c_);
+  }
+
+ private:
+  void add_record(const nlohmann::json& record, const std::string& where) {
+    const RecordKind kind = record_kind(record);
+    if (first_.empty()) {
+      c_.kind = kind;
+      first_ = where;
+    }
+    AUTOTP_USER_CHECK(kind == c_.kind, "{} record, but {} is a {} record; a file holds one kind of record",
+                      record_kind_name(kind), first_, record_kind_name(c_.kind));
+    AUTOTP_USER_CHECK(!stream_only_ || kind == RecordKind::kText,
+                      "{} records keep their learned tokens only when trained from the records file itself; a token "
+                      "file holds text records (\"text\") only",
+                      record_kind_name(kind));
+    ++c_.record_count;
+    if (kind == RecordKind::kText) {
+      const auto text = record.find("text");
+      AUTOTP_USER_CHECK(text->is_string(), "\"text\" must be a string, got {}", text->type_name());
+      append_document(text->get<std::string>(), *tokenizer_, c_.text_tokens);
+      return;
+    }
+    SftExample example = kind == RecordKind::kInstruction ? encoder_.instruction(record) : encoder_.chat(record);
+    const bool cut = example.tokens.size() > max_tokens_;
+    if (cut) {
+      example.tokens.resize(max_tokens_);
+      example.learned.resize(max_tokens_);
+    }
+    // Nothing left to learn (a prompt that fills the window, a chat without assistant turns).
+    if (std::find(example.learned.begin() + 1, example.learned.end(), 1) == example.learned.end()) {
+      ++c_.skipped;
+      return;
+    }
+    c_.truncated += cut ? 1 : 0;
+    c_.examples.push_back(std::move(example));
+  }
+
+  std::string path_;
+  std::shared_ptr<const tok::TextTokenizer> tokenizer_;
+  SftEncoder encoder_;
+  size_t max_tokens_;
+  bool stream_only_;
+  std::string first_;  // where the first record is
+  RecordsContent c_;
+};
+
+nlohmann::json parse_record_json(const std::string& text, const std::string& path, const std::string& where) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw_user_error("{}: {}invalid JSON at byte {}{}", path, where.empty() ? "" : where + ": ", e.byte,
+                     where.empty() ? "" : " of the line");
+  } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number too large for a double
+    throw_user_error("{}: {}invalid JSON ({})", path, where.empty() ? "" : where + ": ", e.what());
+  }
+}
+
+RecordsContent read_jsonl(const std::string& path, const DataOptions& options,
+                          std::shared_ptr<const tok::TextTokenizer> tokenizer, bool stream_only,
+                          const TokenizeProgress& progress) {
   std::ifstream in(path, std::ios::binary);
   AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
   in.seekg(0, std::ios::end);
   const auto total = static_cast<size_t>(std::max<std::streamoff>(in.tellg(), 0));
   in.seekg(0);
-  JsonlContent c;
-  int64_t first_record_line = 0;  // 0 = no record yet
-  const auto max_tokens = static_cast<size_t>(options.seq_len + 1);
+  RecordReader reader(path, options, std::move(tokenizer), stream_only);
   size_t done = 0;
-
   std::string line;
   for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
     done += line.size() + 1;
     if (progress) progress(std::min(done, total), total);
     // Blank lines (a trailing newline, spacing between records) are not records.
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw_user_error("{}: line {}: invalid JSON at byte {} of the line", path, line_number, e.byte);
-    } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number too large for a double
-      throw_user_error("{}: line {}: invalid JSON ({})", path, line_number, e.what());
-    }
-    const RecordKind this_kind = record_kind(path, line_number, record);
-    if (first_record_line == 0) {
-      c.kind = this_kind;
-      first_record_line = line_number;
-    }
-    AUTOTP_USER_CHECK(this_kind == c.kind,
-                      "{}: line {}: {} record, but line {} is a {} record; a file holds one kind of record",
-                      path, line_number, kind_name(this_kind), first_record_line, kind_name(c.kind));
-    AUTOTP_USER_CHECK(!stream_only || c.kind == RecordKind::kText,
-                      "{}: line {}: instruction records keep their prompt mask only when trained from the .jsonl "
-                      "itself; a token file holds text records (\"text\") only",
-                      path, line_number);
-    ++c.record_count;
-
-    InstructionDataset::Record example;
-    try {
-      if (c.kind == RecordKind::kText) {
-        append_document(string_field(path, line_number, record, "text"), tokenizer, c.text_tokens);
-        continue;
-      }
-      example = instruction_tokens(path, line_number, record, tokenizer);
-    } catch (const UserError& e) {
-      if (std::string(e.what()).rfind(path, 0) == 0) throw;  // names the file already
-      throw_user_error("{}: line {}: {}", path, line_number, e.what());
-    }
-    const bool cut = example.tokens.size() > max_tokens;
-    if (cut) example.tokens.resize(max_tokens);
-    // A prompt that fills the whole window leaves nothing to learn.
-    if (static_cast<int64_t>(example.tokens.size()) <= example.prompt_tokens) {
-      ++c.skipped;
-      continue;
-    }
-    c.truncated += cut ? 1 : 0;
-    c.instructions.push_back(std::move(example));
+    const std::string where = fmt::format("line {}", line_number);
+    reader.add(parse_record_json(line, path, where), where);
   }
   AUTOTP_USER_CHECK(in.eof(), "{}: read error: {}", path, std::strerror(errno));
-  AUTOTP_USER_CHECK(c.record_count > 0, "{}: the file holds no records; there is nothing to train on", path);
-  return c;
+  return reader.finish();
+}
+
+std::unique_ptr<Dataset> records_dataset(const std::string& path, const DataOptions& options, RecordsContent c,
+                                         const tok::TextTokenizer& tokenizer,
+                                         std::chrono::steady_clock::time_point start) {
+  const DataOptions padded = with_padding(options, tokenizer);
+  const auto bytes = static_cast<size_t>(std::filesystem::file_size(path));
+  if (c.kind == RecordKind::kText) {
+    return std::make_unique<PackedDataset>(
+        path,
+        with_time(fmt::format("{} text records via {}", c.record_count, tokenizer.describe()), bytes,
+                  seconds_since(start)),
+        std::make_unique<InMemoryTokens>(std::move(c.text_tokens)), padded);
+  }
+  AUTOTP_USER_CHECK(!c.examples.empty(),
+                    "{}: none of the {} {} records has a learned token within seq_len {} (prompts that fill the "
+                    "window, or chats without assistant turns); raise seq_len",
+                    path, c.record_count, record_kind_name(c.kind), options.seq_len);
+  return std::make_unique<SftDataset>(path, record_kind_name(c.kind), std::move(c.examples), padded, c.record_count,
+                                      c.truncated, c.skipped);
 }
 
 std::unique_ptr<Dataset> open_jsonl(const std::string& path, const DataOptions& options) {
   required_seq_len(path, options, "JSON lines (.jsonl)");
   const auto tokenizer = text_tokenizer(path, options);
   const auto start = std::chrono::steady_clock::now();
-  JsonlContent c = read_jsonl(path, options, *tokenizer, false, {});
-  const DataOptions padded = with_padding(options, *tokenizer);
-  const auto bytes = static_cast<size_t>(std::filesystem::file_size(path));
-  if (c.kind == RecordKind::kText) {
-    return std::make_unique<PackedDataset>(
-        path,
-        with_time(fmt::format("{} text records via {}", c.record_count, tokenizer->describe()), bytes,
-                  seconds_since(start)),
-        std::make_unique<InMemoryTokens>(std::move(c.text_tokens)), padded);
+  RecordsContent c = read_jsonl(path, options, tokenizer, false, {});
+  return records_dataset(path, options, std::move(c), *tokenizer, start);
+}
+
+// A .json file: an array of records (objects), or token-id arrays.
+bool holds_records(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char ch = 0;
+  int brackets = 0;
+  while (in.get(ch)) {
+    if (std::isspace(static_cast<unsigned char>(ch))) continue;
+    if (ch == '[' && brackets == 0) {
+      ++brackets;
+      continue;
+    }
+    return brackets == 1 && ch == '{';
   }
-  AUTOTP_USER_CHECK(!c.instructions.empty(),
-                    "{}: all {} instruction records have prompts of seq_len {} tokens or more, so no output "
-                    "token is left to learn; raise seq_len",
-                    path, c.record_count, options.seq_len);
-  return std::make_unique<InstructionDataset>(path, std::move(c.instructions), padded, c.record_count, c.truncated,
-                                              c.skipped);
+  return false;
+}
+
+std::unique_ptr<Dataset> open_json_records(const std::string& path, const DataOptions& options) {
+  required_seq_len(path, options, "JSON records (.json array of objects)");
+  const auto tokenizer = text_tokenizer(path, options);
+  const auto start = std::chrono::steady_clock::now();
+  std::ifstream in(path, std::ios::binary);
+  AUTOTP_USER_CHECK(in.good(), "{}: cannot open: {}", path, std::strerror(errno));
+  std::ostringstream content;
+  content << in.rdbuf();
+  const nlohmann::json records = parse_record_json(content.str(), path, "");
+  AUTOTP_USER_CHECK(records.is_array(), "{}: expected a JSON array of records", path);
+  RecordReader reader(path, options, tokenizer, false);
+  for (size_t i = 0; i < records.size(); ++i) {
+    AUTOTP_USER_CHECK(records[i].is_object(),
+                      "{}: record {}: expected an object, got {}; an array holds records (objects) or token-id "
+                      "arrays, not both",
+                      path, i, records[i].type_name());
+    reader.add(records[i], fmt::format("record {}", i));
+  }
+  return records_dataset(path, options, reader.finish(), *tokenizer, start);
 }
 
 }  // namespace
@@ -537,7 +558,7 @@ TokenizedText tokenize_documents(const std::string& path, const DataOptions& opt
   const auto start = std::chrono::steady_clock::now();
   TokenizedText out;
   if (extension == ".jsonl") {
-    JsonlContent c = read_jsonl(path, options, *tokenizer, true, progress);
+    RecordsContent c = read_jsonl(path, options, tokenizer, true, progress);
     out.tokens = std::move(c.text_tokens);
     out.what = fmt::format("{} text records", c.record_count);
   } else {
@@ -562,6 +583,11 @@ TokenizedText tokenize_documents(const std::string& path, const DataOptions& opt
   return out;
 }
 
+bool holds_text(const std::string& path) {
+  const std::string extension = extension_of(path);
+  return extension == ".txt" || extension == ".jsonl" || (extension == ".json" && holds_records(path));
+}
+
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataOptions& options) {
   AUTOTP_USER_CHECK(options.vocab_size > 0, "{}: vocab_size must be positive, got {}", path,
                     options.vocab_size);
@@ -569,7 +595,7 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataOptions
   const std::string extension = extension_of(path);
   if (extension == ".txt") return open_text(path, options);
   if (extension == ".jsonl") return open_jsonl(path, options);
-  if (extension == ".json") return open_token_arrays(path, options);
+  if (extension == ".json") return holds_records(path) ? open_json_records(path, options) : open_token_arrays(path, options);
   if (extension == ".bin") return open_bin(path, options);
   throw_user_error("{}: unknown data format '{}'; expected .txt, .jsonl, .json or .bin", path, extension);
 }

@@ -16,6 +16,8 @@ namespace autotp::tok {
 
 TextTokenizer::~TextTokenizer() = default;
 
+std::string TextTokenizer::token_text(int64_t) const { return ""; }
+
 namespace {
 
 class ByteLevelTokenizer : public TextTokenizer {
@@ -27,6 +29,10 @@ class ByteLevelTokenizer : public TextTokenizer {
   }
   void encode(std::string_view text, std::vector<int64_t>& ids) const override {
     for (unsigned char byte : text) ids.push_back(byte);
+  }
+  std::string token_text(int64_t id) const override {
+    if (id >= 0 && id < 256) return std::string(1, static_cast<char>(id));
+    return id == bos_id ? "<bos>" : id == eos_id ? "<eos>" : "";
   }
   int64_t vocab_size() const override { return vocab_size_; }
   std::string describe() const override { return "byte-level tokenizer"; }
@@ -42,6 +48,7 @@ class JsonTokenizer : public TextTokenizer {
     const auto piece = tokenizer_.encode(text, false);
     ids.insert(ids.end(), piece.begin(), piece.end());
   }
+  std::string token_text(int64_t id) const override { return tokenizer_.token_text(id); }
   int64_t vocab_size() const override { return tokenizer_.vocab_size(); }
   std::string describe() const override { return path_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }

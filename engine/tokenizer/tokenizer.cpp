@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "autotp/base/error.h"
@@ -342,6 +343,11 @@ struct Tokenizer::Impl {
   std::vector<int64_t> prefix_ids, suffix_ids;  // the post-processor's, around the sequence
   int64_t vocab_size = 0;
   std::map<std::string, int64_t> added_ids;
+  // For token_text: every id's string, and how the decoder turns it back into text.
+  std::vector<std::string> pieces;
+  std::map<std::string, unsigned char> unicode_to_byte;  // byte-level decoders
+  bool metaspace = false;                                // "▁" is a space (Metaspace, Replace)
+  std::set<int64_t> special_ids;
 
   // The post-processor: the special ids before and after a single sequence.
   void read_post_processor(const json& j, const std::string& where) {
@@ -421,12 +427,50 @@ Tokenizer Tokenizer::read(const json& j, const std::string& source) {
     m.added_ids[token.content] = token.id;
     m.added.push_back(token);
   }
+  m.pieces.assign(static_cast<size_t>(m.vocab_size), std::string());
+  for (const auto& [token, id] : m.model->vocab()) m.pieces[static_cast<size_t>(id)] = token;
+  for (const auto& a : m.added) m.pieces[static_cast<size_t>(a.id)] = a.content;
+  for (const auto& a : j.value("added_tokens", json::array()))
+    if (a.value("special", false)) m.special_ids.insert(a.at("id").get<int64_t>());
+  const std::string decoder = j.value("decoder", json()).dump();
+  if (decoder.find("\"ByteLevel\"") != std::string::npos) {
+    const auto table = byte_to_unicode();
+    for (int b = 0; b < 256; ++b) m.unicode_to_byte[table[b]] = static_cast<unsigned char>(b);
+  }
+  m.metaspace = decoder.find("\"Metaspace\"") != std::string::npos || decoder.find("\u2581") != std::string::npos ||
+                decoder.find("\xe2\x96\x81") != std::string::npos;
   std::stable_sort(m.added.begin(), m.added.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
   for (size_t i = 0; i < m.added.size(); ++i)
     m.added_by_first_byte[static_cast<unsigned char>(m.added[i].content[0])].push_back(i);
   return t;
 }
+
+std::string Tokenizer::token_text(int64_t id) const {
+  const Impl& m = *impl_;
+  if (id < 0 || id >= static_cast<int64_t>(m.pieces.size())) return "";
+  const std::string& piece = m.pieces[static_cast<size_t>(id)];
+  if (m.added_ids.count(piece) && m.added_ids.at(piece) == id) return piece;  // added tokens are literal text
+  // byte_fallback pieces: <0xXX>
+  if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece.back() == '>')
+    return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+  std::string out;
+  if (!m.unicode_to_byte.empty()) {
+    for (size_t i = 0; i < piece.size();) {
+      const size_t n = (static_cast<unsigned char>(piece[i]) < 0x80) ? 1 : 2;
+      const auto hit = m.unicode_to_byte.find(piece.substr(i, n));
+      out += hit != m.unicode_to_byte.end() ? std::string(1, static_cast<char>(hit->second)) : piece.substr(i, n);
+      i += n;
+    }
+    return out;
+  }
+  out = piece;
+  if (m.metaspace)
+    for (size_t at; (at = out.find("\xe2\x96\x81")) != std::string::npos;) out.replace(at, 3, " ");
+  return out;
+}
+
+bool Tokenizer::is_special(int64_t id) const { return impl_->special_ids.count(id) > 0; }
 
 std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   const Impl& m = *impl_;

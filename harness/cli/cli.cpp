@@ -133,6 +133,7 @@ int run(int argc, char** argv) {
   register_bench_compare(app);
   register_simulate(app);
   register_tokenize(app);
+  register_data(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

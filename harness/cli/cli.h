@@ -71,5 +71,6 @@ void register_bench_step(CLI::App& app);
 void register_bench_compare(CLI::App& app);
 void register_simulate(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_data(CLI::App& app);
 
 }  // namespace autotp::cli

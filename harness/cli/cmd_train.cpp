@@ -21,6 +21,7 @@
 #include "autotp/runtime/hf_trainer_config.h"
 #include "cli/cli.h"
 #include "cli/hf_training_flags.h"
+#include "cli/sft_flags.h"
 #include "launcher/restarts.h"
 
 namespace autotp::cli {
@@ -95,6 +96,7 @@ struct TrainArgs {
   std::optional<int64_t> max_steps;  // HF's name of --steps
   CLI::Option* steps_option = nullptr;
   HfTrainingFlags hf;
+  SftFlags sft;
   WorldOptions world;
 };
 
@@ -103,7 +105,9 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
                   "DeepSpeed-style JSON config, HF-Trainer \"auto\" values included (see docs/config.md)")
       ->required();
   cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
-  cmd->add_option("--data", args->data, "Training data: .txt, .jsonl, .json token arrays or .bin (see docs/data.md)")
+  cmd->add_option("--data", args->data,
+                  "Training data: .txt, .jsonl or .json records (text, instruction, chat), .json token arrays or .bin "
+                  "(see docs/data.md)")
       ->required();
   args->steps_option =
       cmd->add_option("--steps", args->steps, "Train until this optimizer step (default 10; counts resumed steps too)")
@@ -129,6 +133,7 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
   cmd->add_option("--tokenizer", args->tokenizer,
                   "Tokenizer of .txt/.jsonl data: auto (the model directory's own; byte-level for presets), "
                   "bytes, or a directory with tokenizer.json / tokenizer.model (default auto)");
+  add_sft_flags(*cmd, args->sft);
   add_hf_training_flags(*cmd, args->hf);
   add_world_options(*cmd, args->world);
   add_restart_option(*cmd, args->world);
@@ -249,6 +254,7 @@ void run_train(const TrainArgs& args) {
   data_options.vocab_size = source.config.vocab_size;
   data_options.bin_dtype = args.bin_dtype;
   data_options.tokenizer = choose_tokenizer(args.tokenizer, source, args.data);
+  data_options.sft = sft_options(args.sft, source, args.tokenizer);
   std::shared_ptr<Dataset> data = open_dataset(args.data, data_options);
   AUTOTP_USER_CHECK(args.save_every == 0 || !args.save.empty(), "--save-every needs --save DIR");
   ExportOptions export_options;

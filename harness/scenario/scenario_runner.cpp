@@ -268,6 +268,8 @@ class Runner {
                                      "--device",  spec_.device,    "--backend",  spec_.backend};
     if (spec_.seq_len > 0) argv.insert(argv.end(), {"--seq-len", std::to_string(spec_.seq_len)});
     argv.insert(argv.end(), {"--tokenizer", spec_.models.at(v.model).tokenizer});
+    argv.insert(argv.end(), {"--prompt-template", spec_.prompt_template, "--chat-loss", spec_.chat_loss});
+    if (!spec_.chat_template.empty()) argv.insert(argv.end(), {"--chat-template", spec_.chat_template});
     if (!spec_.shuffle) argv.push_back("--no-shuffle");
     if (spec_.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(spec_.threads)});
     std::string command;

@@ -13,6 +13,7 @@
 #include "autotp/base/error.h"
 #include "autotp/base/strict_json.h"
 #include "autotp/base/json_file.h"
+#include "autotp/runtime/hf_trainer_config.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp::scenario {
@@ -23,7 +24,8 @@ using nlohmann::json;
 const std::vector<std::string> kTopKeys = {"name",        "description", "model",     "models",   "data",
                                            "steps",       "seq_len",     "tokenizer", "seed",      "world_size", "backend",  "device",
                                            "shuffle",     "threads",     "timeout_s", "config",   "baseline",
-                                           "variants",    "sweep",       "checks"};
+                                           "variants",    "sweep",       "checks",   "prompt_template",
+                                           "chat_template", "chat_loss", "training_arguments"};
 const std::vector<std::string> kLayoutKeys = {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing",
                                               "overrides", "model"};
 const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp16"};
@@ -172,6 +174,8 @@ std::string layout_summary(const Layout& l) {
                      l.recompute == "off" ? "" : " " + l.recompute + " recomputation");
 }
 
+bool is_auto_value(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
 class Expander {
  public:
   Expander(ScenarioSpec& spec) : spec_(spec) {}
@@ -192,6 +196,15 @@ class Expander {
     v.ds_config = variant_config(spec_.base_config, layout);
     const ModelSpec& model = spec_.models.at(layout.model);
     try {
+      // HF-Trainer "auto" values, filled as `train` would fill them for this variant; the
+      // parameters' offload is a stage-3 section.
+      HfTrainingArguments args = spec_.training_arguments;
+      args.max_steps = spec_.steps;
+      v.ds_config = resolve_hf_trainer_config(v.ds_config, args, {spec_.world_size, model.config.hidden_size},
+                                              "config")
+                        .config;
+      if (layout.zero_stage != 3 && v.ds_config.contains("zero_optimization"))
+        v.ds_config["zero_optimization"].erase("offload_param");
       v.config = TrainConfig::from_json(v.ds_config, "config");
       v.config.resolve_batch(spec_.world_size);
       TpPlan::build(model.config, v.config.tensor_parallel.plan_options());
@@ -200,7 +213,10 @@ class Expander {
     }
     v.tp = v.config.tensor_parallel.autotp_size;  // overrides may have changed the layout
     v.zero_stage = v.config.zero.stage;
-    if (!is_baseline) {
+    // HF-Trainer semantics ("train_batch_size": "auto") give each layout micro-batch x
+    // accumulation x its own data-parallel ranks, as the recipe would run it.
+    const bool batch_per_layout = is_auto_value(spec_.base_config.value("train_batch_size", json()));
+    if (!is_baseline && !batch_per_layout) {
       const VariantSpec& b = spec_.variant(baseline);
       if (v.config.train_batch_size != b.config.train_batch_size)
         return fmt::format(
@@ -319,11 +335,17 @@ void read_data(const Section& top, ScenarioSpec& s) {
   if (!std::filesystem::is_regular_file(s.data)) top.fail("data '{}': no such file {}", data, s.data);
   s.steps = top.integer("steps", s.steps, 1);
   s.seq_len = top.integer("seq_len", s.seq_len, 0);
-  const bool token_arrays = s.data.size() >= 5 && s.data.substr(s.data.size() - 5) == ".json";
+  const bool token_arrays = s.data.size() >= 5 && s.data.substr(s.data.size() - 5) == ".json" && !holds_text(s.data);
   if (s.seq_len == 0 && !token_arrays) top.fail("seq_len is missing (required except for .json token arrays)");
   // "auto" is decided here: a model with overrides trains from a written copy
   // of its directory, which has no tokenizer files.
   s.tokenizer = top.string("tokenizer", s.tokenizer);
+  s.prompt_template = top.string("prompt_template", s.prompt_template);
+  if (top.has("chat_template")) s.chat_template = resolve_path(top.string("chat_template", ""), s.base_dir);
+  s.chat_loss = top.string("chat_loss", s.chat_loss);
+  if (s.chat_loss != "assistant" && s.chat_loss != "all") top.fail("chat_loss is \"{}\" (allowed: assistant, all)", s.chat_loss);
+  if (s.prompt_template != "alpaca" && s.prompt_template != "plain")
+    s.prompt_template = resolve_path(s.prompt_template, s.base_dir);
   for (auto& [key, model] : s.models) {
     if (s.tokenizer == "auto")
       model.tokenizer = model.source.rfind("preset:", 0) == 0 ? "bytes" : model.source;
@@ -332,6 +354,10 @@ void read_data(const Section& top, ScenarioSpec& s) {
     DataOptions data_options;
     data_options.seq_len = s.seq_len;
     data_options.vocab_size = model.config.vocab_size;
+    data_options.sft.prompt_template = s.prompt_template;
+    data_options.sft.chat_template_file = s.chat_template;
+    data_options.sft.assistant_only_loss = s.chat_loss == "assistant";
+    if (model.tokenizer != "bytes") data_options.sft.chat_template_dir = model.tokenizer;
     try {
       data_options.tokenizer = choose_tokenizer(model.tokenizer, ModelSource{}, s.data);
       open_dataset(s.data, data_options);
@@ -339,6 +365,33 @@ void read_data(const Section& top, ScenarioSpec& s) {
       top.fail("data: {}", e.what());
     }
   }
+}
+
+// "training_arguments": HF TrainingArguments by their names, filling the config's "auto"
+// values as `train`'s flags do (docs/config.md#hf-trainer-configs).
+HfTrainingArguments read_training_arguments(const Section& top) {
+  HfTrainingArguments a;
+  if (!top.has("training_arguments")) return a;
+  const JsonSection t = top.section(
+      "training_arguments", {"learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
+                             "warmup_steps", "warmup_ratio", "weight_decay", "max_grad_norm", "adam_beta1",
+                             "adam_beta2", "adam_epsilon", "bf16", "fp16"});
+  auto number = [&](const char* key, std::optional<double>& into) {
+    if (t.has(key)) into = t.number(key, 0);
+  };
+  number("learning_rate", a.learning_rate);
+  number("warmup_steps", a.warmup_steps);
+  number("warmup_ratio", a.warmup_ratio);
+  number("weight_decay", a.weight_decay);
+  number("max_grad_norm", a.max_grad_norm);
+  number("adam_beta1", a.adam_beta1);
+  number("adam_beta2", a.adam_beta2);
+  number("adam_epsilon", a.adam_epsilon);
+  if (t.has("per_device_train_batch_size")) a.per_device_train_batch_size = t.integer("per_device_train_batch_size", 1);
+  if (t.has("gradient_accumulation_steps")) a.gradient_accumulation_steps = t.integer("gradient_accumulation_steps", 1);
+  if (t.has("bf16")) a.bf16 = t.boolean("bf16", false);
+  if (t.has("fp16")) a.fp16 = t.boolean("fp16", false);
+  return a;
 }
 
 // How every variant runs: seed, world, backend and device, threads, timeout and the base DeepSpeed "config".
@@ -357,9 +410,14 @@ void read_run_settings(const Section& top, ScenarioSpec& s) {
   s.threads = static_cast<int>(top.integer("threads", 0, 0));
   s.timeout_s = top.number("timeout_s", s.timeout_s);
   if (s.timeout_s <= 0) top.fail("timeout_s must be > 0");
+  s.training_arguments = read_training_arguments(top);
   s.base_config = top.object("config");
   try {
-    TrainConfig::from_json(s.base_config, "config");
+    // "auto" values are filled per variant (its world, tp and model); here with a placeholder model.
+    HfTrainingArguments args = s.training_arguments;
+    args.max_steps = s.steps;
+    TrainConfig::from_json(resolve_hf_trainer_config(s.base_config, args, {s.world_size, 64}, "config").config,
+                           "config");
   } catch (const UserError& e) {
     top.fail("{}", e.what());
   }

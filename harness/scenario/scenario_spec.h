@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "autotp/arch/model_config.h"
+#include "autotp/runtime/hf_trainer_config.h"
 #include "autotp/runtime/train_config.h"
 #include "scenario/simulated_layout.h"
 
@@ -86,6 +87,10 @@ struct ScenarioSpec {
   int64_t steps = 10;
   int64_t seq_len = 0;      // 0 only for .json token arrays
   std::string tokenizer = "auto";  // auto | bytes | a directory (docs/data.md)
+  std::string prompt_template = "alpaca";  // instruction records: alpaca | plain | a file (resolved)
+  std::string chat_template;       // chat records: a template file (resolved); "" = the model directory's
+  std::string chat_loss = "assistant";  // assistant | all
+  HfTrainingArguments training_arguments;  // fill the config's HF-Trainer "auto" values per variant
   uint64_t seed = 1;
   int world_size = 0;
   std::string backend = "gloo";  // gloo | nccl (CUDA tensors; nccl needs device cuda)

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "autotp/data/sft_examples.h"
 #include "autotp/tokenizer/text_tokenizer.h"
 
 namespace autotp {
@@ -39,6 +40,7 @@ struct DataOptions {
   int64_t eos_id = 257;              // byte-level tokenizer: end-of-text id
   int64_t pad_id = 257;              // input id of padded positions (their labels are kIgnoreLabel); a
                                      // tokenizer's own pad id replaces it
+  SftOptions sft;                    // instruction and chat records: prompt / chat template, loss mask
 };
 
 class Dataset {
@@ -54,12 +56,16 @@ class Dataset {
   virtual std::string describe() const = 0;
 };
 
-// Opens `path` by extension: .txt (text, one document), .jsonl (text or instruction
-// records), .json (token-id arrays, one example each), .bin (flat little-endian
-// token stream). UserError naming the file for an unknown extension, a malformed
+// Opens `path` by extension: .txt (text, one document), .jsonl (text, instruction or
+// chat records, one a line), .json (an array of such records, or token-id arrays,
+// one example each), .bin (flat little-endian token stream). UserError naming the file for an unknown extension, a malformed
 // or empty file, ids outside [0, vocab_size), a missing seq_len where the format
 // needs one, or a vocab_size too small for the tokenizer.
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const DataOptions& options);
+
+// Whether `path` holds text the tokenizer reads: .txt, .jsonl, or a .json array of
+// records (not token-id arrays).
+bool holds_text(const std::string& path);
 
 // A .txt file (one document) or a .jsonl file of text records as the packed token
 // stream a training run reads from it, for `autotp tokenize`. Instruction records

@@ -19,6 +19,9 @@ class TextTokenizer {
   // special tokens written in the text are still matched, as HF does; tokenizer.model:
   // sentencepiece's EncodeAsIds, which reads "<s>" in text as plain text.
   virtual void encode(std::string_view text, std::vector<int64_t>& ids) const = 0;
+  // The text one token stands for, best effort, for showing data ("" when unknown:
+  // callers print the id).
+  virtual std::string token_text(int64_t id) const;
   // One more than the largest id it can produce.
   virtual int64_t vocab_size() const = 0;
   // One line for the log: kind and file.

@@ -39,6 +39,11 @@ class Tokenizer {
   // One more than the largest id of the vocabulary, the added tokens and the post-processor.
   int64_t vocab_size() const;
   std::optional<int64_t> token_id(const std::string& token) const;
+  // The text one token stands for, as the decoder would give it (byte-level pieces
+  // back to bytes, "<0xXX>" byte-fallback pieces, "▁" as a space, added tokens as
+  // written); best effort, for showing data (autotp data preview), not a full decoder.
+  std::string token_text(int64_t id) const;
+  bool is_special(int64_t id) const;  // an added token marked special
 
   // The post-processor's ids before and after the sequence (BOS ..., ... EOS).
   const std::vector<int64_t>& special_prefix() const;
