@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include "autotp/base/error.h"
 #include "autotp/data/dataset.h"
@@ -233,6 +234,73 @@ TEST(SftData, ChatTemplateErrorsNameTheRecordAndTheTemplatesMessage) {
   no_template.sft.chat_template_file = broken;
   const std::string parse = error_of([&] { open_dataset(chat, no_template); });
   EXPECT_NE(parse.find(broken), std::string::npos) << parse;
+}
+
+// The real templates (tests/data/chat_templates, rendered by transformers 5.25 in
+// expected.jsonl): the learned tokens of each conversation are exactly the assistant
+// spans HF's renders give prefix by prefix (content and end-of-turn tokens).
+TEST(SftData, RealTemplatesLearnTheAssistantSpansHfRenders) {
+  if (!chat_templates_available()) GTEST_SKIP() << "no embedded Python with jinja2 in this build";
+  const std::string root = AUTOTP_SOURCE_DIR "/tests/data/chat_templates/";
+  std::istringstream lines(test::read_file(root + "expected.jsonl"));
+  int checked = 0, refused = 0, straddling = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const json c = json::parse(line);
+    if (c.value("add_generation_prompt", false) || !c.contains("assistant_spans") || c.contains("error") ||
+        c["assistant_spans"].empty())
+      continue;
+    const std::string dir = root + c["template"].get<std::string>() + "_tokenizer";
+    const std::string tmp = test::make_temp_dir("spans");
+    const std::string path = write(tmp + "/chat.jsonl", json({{"messages", c["messages"]}}).dump() + "\n");
+    DataOptions options = options_for(dir, 1024);
+    options.vocab_size = 2000;
+    std::string want;
+    bool no_prefix_span = false;  // HF's own prefix renders did not nest (null text)
+    for (size_t k = 0; k < c["assistant_spans"].size(); ++k) {
+      const json& span = c["assistant_spans"][k];
+      if (span["text"].is_null()) {
+        no_prefix_span = true;
+        continue;
+      }
+      std::string text = span["text"].get<std::string>();
+      // Phi-3 ends a conversation with EOS: an earlier turn's prefix render has it, the
+      // whole conversation does not, and only what the conversation holds is learned.
+      const std::string eos = "<|endoftext|>";
+      if (c["template"] == "phi3" && k + 1 < c["assistant_spans"].size() && text.size() > eos.size() &&
+          text.compare(text.size() - eos.size(), eos.size(), eos) == 0)
+        text.resize(text.size() - eos.size());
+      want += text;
+    }
+    // Qwen3 renders earlier assistant turns without their <think> block, and Mistral Nemo
+    // moves the system message into the last user turn, so these conversations have no
+    // prefix-rendered span in the whole text: refused, as documented.
+    if (no_prefix_span || (c["template"] == "qwen3" && c["assistant_spans"].size() > 1)) {
+      const std::string error = error_of([&] { open_dataset(path, options); });
+      EXPECT_NE(error.find("cannot find the assistant turn"), std::string::npos) << error;
+      ++refused;
+      continue;
+    }
+    const Example e = open_dataset(path, options)->get(0);
+    const std::string learned = learned_text(e, *options.tokenizer);
+    // A token across the span's start is learned (the plain rule): one conversation's
+    // answer starts with "\n" after the prompt's "\n", and the tokenizer merges them.
+    if (learned != want && c["assistant_spans"].size() == 1 && learned.size() > want.size() &&
+        learned.compare(learned.size() - want.size(), want.size(), want) == 0) {
+      ++straddling;
+    } else {
+      EXPECT_EQ(learned, want) << c["template"] << " " << c["case"];
+    }
+    const auto ids = c["ids"].get<Ids>();
+    EXPECT_EQ(Ids(e.input_ids.begin(), e.input_ids.begin() + static_cast<long>(ids.size())), ids)
+        << c["template"] << " " << c["case"];
+    ++checked;
+  }
+  EXPECT_GE(checked, 30);
+  EXPECT_LE(straddling, 5);
+  std::fprintf(stderr,
+               "%d conversations: learned tokens = HF's prefix-rendered assistant spans (%d with a token across the "
+               "span's start); %d conversations (Qwen3 multi-turn, Mistral with a system message) refused\n",
+               checked, straddling, refused);
 }
 
 // `autotp data preview`: the examples training builds, as JSON and as marked text.

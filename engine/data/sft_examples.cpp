@@ -156,20 +156,37 @@ SftExample SftEncoder::chat(const json& record) const {
     return example;
   }
   // Each assistant turn is the text it adds after the conversation before it, rendered
-  // with the generation prompt: its content and the end-of-turn tokens after it.
+  // with the generation prompt: its content and the end-of-turn tokens after it, up to
+  // where the rendering through it leaves the whole conversation's (a template may end a
+  // conversation with EOS, as Phi-3's does, which a later turn does not follow).
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i]["role"] != "assistant") continue;
     const json before_turn(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
     const json through_turn(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i + 1));
     const std::string before = i == 0 ? std::string() : tmpl.render(before_turn, true).text;
     const std::string through = tmpl.render(through_turn, false).text;
-    AUTOTP_USER_CHECK(through.compare(0, before.size(), before) == 0 &&
-                          full.text.compare(0, through.size(), through) == 0,
+    const size_t begin = before.size();
+    size_t end = begin;
+    const bool nested = through.compare(0, begin, before) == 0 && full.text.compare(0, begin, before) == 0;
+    while (nested && end < through.size() && end < full.text.size() && through[end] == full.text[end]) ++end;
+    // The turn's own text must lie in the span, else this turn renders differently inside
+    // the whole conversation (Qwen3 drops earlier turns' reasoning blocks).
+    const json& content = messages[i]["content"];
+    bool holds_content = nested && end > begin;
+    if (holds_content && content.is_string()) {
+      // Templates may trim the content (Llama 3's `| trim`).
+      std::string text = content.get<std::string>();
+      const size_t first = text.find_first_not_of(" \t\r\n"), last = text.find_last_not_of(" \t\r\n");
+      text = first == std::string::npos ? "" : text.substr(first, last - first + 1);
+      const size_t at = text.empty() ? begin : full.text.find(text, begin);
+      holds_content = at != std::string::npos && at + text.size() <= end;
+    }
+    AUTOTP_USER_CHECK(holds_content,
                       "messages[{}]: cannot find the assistant turn in {}'s rendering: the template renders the "
-                      "conversation before it (with add_generation_prompt) or through it differently from the whole "
+                      "conversation before it (with add_generation_prompt) or this turn differently from the whole "
                       "conversation; use a template with {{% generation %}} marks, or --chat-loss all",
                       i, tmpl.origin());
-    learn_span(full.text, before.size(), through.size(), ids, example.learned);
+    learn_span(full.text, begin, end, ids, example.learned);
   }
   return example;
 }
