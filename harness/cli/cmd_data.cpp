@@ -49,12 +49,7 @@ std::string marked_text(const Example& e, const tok::TextTokenizer* tokenizer, b
 
 void run_preview(const PreviewArgs& args) {
   const ModelSource source = resolve_model(args.model);
-  DataOptions options;
-  options.seq_len = args.seq_len;
-  options.vocab_size = source.config.vocab_size;
-  options.bin_dtype = args.bin_dtype;
-  options.tokenizer = choose_tokenizer(args.tokenizer, source, args.data);
-  options.sft = sft_options(args.sft, source, args.tokenizer);
+  const DataOptions options = data_options(source, args.data, args.seq_len, args.bin_dtype, args.tokenizer, args.sft);
   const auto data = open_dataset(args.data, options);
   const int64_t count = std::min(args.n, data->size());
   const auto byte_level = options.tokenizer ? nullptr : tok::byte_level_tokenizer();

@@ -249,13 +249,8 @@ void run_train(const TrainArgs& args) {
   if (args.seed) config.seed = *args.seed;
   config.resolve_batch(env.world_size);
   auto plan = TpPlan::build(source.config, config.tensor_parallel.plan_options());
-  DataOptions data_options;
-  data_options.seq_len = args.seq_len;
-  data_options.vocab_size = source.config.vocab_size;
-  data_options.bin_dtype = args.bin_dtype;
-  data_options.tokenizer = choose_tokenizer(args.tokenizer, source, args.data);
-  data_options.sft = sft_options(args.sft, source, args.tokenizer);
-  std::shared_ptr<Dataset> data = open_dataset(args.data, data_options);
+  std::shared_ptr<Dataset> data =
+      open_dataset(args.data, data_options(source, args.data, args.seq_len, args.bin_dtype, args.tokenizer, args.sft));
   AUTOTP_USER_CHECK(args.save_every == 0 || !args.save.empty(), "--save-every needs --save DIR");
   ExportOptions export_options;
   if (!args.export_dtype.empty()) export_options.dtype = parse_dtype(args.export_dtype);

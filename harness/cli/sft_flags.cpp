@@ -1,5 +1,7 @@
 #include "cli/sft_flags.h"
 
+#include "autotp/data/data_tokenizer.h"
+
 namespace autotp::cli {
 
 void add_sft_flags(CLI::App& command, SftFlags& flags) {
@@ -24,6 +26,17 @@ SftOptions sft_options(const SftFlags& flags, const ModelSource& model, const st
     options.chat_template_dir = tokenizer_choice;
   else if (model.dir)
     options.chat_template_dir = *model.dir;
+  return options;
+}
+
+DataOptions data_options(const ModelSource& model, const std::string& data, int64_t seq_len,
+                         const std::string& bin_dtype, const std::string& tokenizer_choice, const SftFlags& flags) {
+  DataOptions options;
+  options.seq_len = seq_len;
+  options.vocab_size = model.config.vocab_size;
+  options.bin_dtype = bin_dtype;
+  options.tokenizer = choose_tokenizer(tokenizer_choice, model, data);
+  options.sft = sft_options(flags, model, tokenizer_choice);
   return options;
 }
 
