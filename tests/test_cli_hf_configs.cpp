@@ -156,8 +156,13 @@ TEST_F(CliHfConfigs, ExportIsACompleteModelDirectoryOfTheSameGeneration) {
   io::write_text_file_atomic(data, tokens.dump());
   const std::string cfg = write_config("ds", {{"train_batch_size", 4}, {"zero_optimization", {{"stage", 2}}},
                                               {"tensor_parallel", {{"autotp_size", 2}}}, {"bf16", {{"enabled", true}}}});
-  auto r = run_cli("train --config " + cfg + " --model " + model + " --data " + data + " --steps 2 --nproc 2 --save " +
-                   dir_ + "/ckpt --export-hf " + dir_ + "/live");
+  // Exporting over the model it trains from is refused before anything runs.
+  auto r = run_cli("train --config " + cfg + " --model " + model + " --data " + data + " --steps 1 --nproc 2 " +
+                   "--export-hf " + model + "/");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is the --model directory"), std::string::npos) << r.output;
+  r = run_cli("train --config " + cfg + " --model " + model + " --data " + data + " --steps 2 --nproc 2 --save " +
+              dir_ + "/ckpt --export-hf " + dir_ + "/live");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run_cli("export --checkpoint " + dir_ + "/ckpt --out " + dir_ + "/offline --dtype f32");
   ASSERT_EQ(r.exit_code, 0) << r.output;

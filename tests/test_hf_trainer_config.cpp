@@ -104,6 +104,21 @@ TEST(HfTrainerConfig, WarmupStepsBelowOneAreARatioAsInTransformers5) {
   EXPECT_EQ(resolve_hf_trainer_config(config, args, {}, "ds.json").config["scheduler"]["params"]["warmup_num_steps"], 7);
 }
 
+TEST(HfTrainerConfig, WarmupNumbersAreComparedOnlyWithAWarmupTheFlagsDetermine) {
+  const json config = {{"train_batch_size", 8},
+                       {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 30}}}}}};
+  HfTrainingArguments args;
+  args.warmup_ratio = 0.03;  // a ratio, and no step count to apply it to
+  EXPECT_EQ(error_of(config, args), "");
+  const json zero = {{"train_batch_size", 8}, {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 0}}}}}};
+  args = {};
+  args.warmup_steps = 0;  // equal to the config's 0: the floor of 1 is for filling "auto" only
+  EXPECT_EQ(error_of(zero, args), "");
+  args.warmup_steps = 5;
+  EXPECT_NE(error_of(zero, args).find("scheduler.params.warmup_num_steps is 0 but --warmup_steps / --warmup_ratio is 5"),
+            std::string::npos);
+}
+
 TEST(HfTrainerConfig, NumbersThatContradictAFlagAreOneErrorListingEach) {
   const json config = {{"train_micro_batch_size_per_gpu", 2},
                        {"gradient_clipping", 0.5},
@@ -153,6 +168,12 @@ TEST(HfTrainerConfig, FlagsSetKeysTheConfigLacks) {
   EXPECT_EQ(c["optimizer"]["type"], "AdamW");  // the HF Trainer's own optimizer
   EXPECT_EQ(c["optimizer"]["params"]["lr"], 3e-4);
   EXPECT_EQ(c["bf16"]["enabled"], true);
+  // A flag cannot go under a section that is not an object: one clear error.
+  HfTrainingArguments lr;
+  lr.learning_rate = 1e-4;
+  EXPECT_NE(error_of({{"optimizer", "adam"}, {"train_batch_size", 8}}, lr)
+                .find("ds.json: cannot set optimizer.params.lr from the command line"),
+            std::string::npos);
   // No flag, no auto: unchanged.
   EXPECT_EQ(resolve_hf_trainer_config(config, {}, {}, "ds.json").config, config);
 }

@@ -284,8 +284,10 @@ TEST(SftData, RealTemplatesLearnTheAssistantSpansHfRenders) {
     const std::string learned = learned_text(e, *options.tokenizer);
     // A token across the span's start is learned (the plain rule): one conversation's
     // answer starts with "\n" after the prompt's "\n", and the tokenizer merges them.
-    if (learned != want && c["assistant_spans"].size() == 1 && learned.size() > want.size() &&
-        learned.compare(learned.size() - want.size(), want.size(), want) == 0) {
+    const size_t extra = learned.size() - std::min(learned.size(), want.size());
+    if (learned != want && c["assistant_spans"].size() == 1 && extra > 0 && extra <= 2 &&
+        learned.compare(extra, want.size(), want) == 0 &&
+        learned.find_first_not_of(" \n", 0) >= extra) {  // one merged token: whitespace from the prompt
       ++straddling;
     } else {
       EXPECT_EQ(learned, want) << c["template"] << " " << c["case"];

@@ -127,7 +127,9 @@ RopeConfig read_gemma3(const json& config, const json& params, const std::string
   const json sliding = present(params, "sliding_attention") ? params["sliding_attention"] : json{{"rope_type", "default"}};
   RopeConfig r;
   r.from_rope_parameters = true;
-  const RopeEntry global = read_entry(full, "rope_parameters.full_attention", source, config, d,
+  const std::string full_path = present(config, "rope_scaling") ? "rope_parameters.full_attention (merged with rope_scaling)"
+                                                                : "rope_parameters.full_attention";
+  const RopeEntry global = read_entry(full, full_path, source, config, d,
                                       number_at(config, "rope_theta", d.theta, source, "rope_theta"));
   r.theta = global.theta;
   r.scaling = global.scaling;
@@ -152,7 +154,9 @@ RopeConfig read_rope_config(const json& config, const std::string& source, const
   const double top_theta = number_at(config, "rope_theta", d.theta, source, "rope_theta");
   // transformers 5's convert_rope_params_to_dict: a non-empty rope_scaling replaces rope_parameters.
   json chosen = params;
+  std::string path = "rope_parameters";  // what messages name: the object actually read
   if (present(config, "rope_scaling") && !(config["rope_scaling"].is_object() && config["rope_scaling"].empty())) {
+    path = "rope_scaling";
     log().warn("{}: both rope_parameters and rope_scaling are set; read as transformers 5 does: rope_scaling "
                "replaces rope_parameters (rope_theta from rope_scaling, else the top-level rope_theta)",
                source);
@@ -170,7 +174,7 @@ RopeConfig read_rope_config(const json& config, const std::string& source, const
   RopeConfig r;
   r.from_rope_parameters = true;
   if (nested.empty()) {
-    const RopeEntry e = read_entry(chosen, "rope_parameters", source, config, d, top_theta);
+    const RopeEntry e = read_entry(chosen, path, source, config, d, top_theta);
     r.theta = e.theta;
     r.scaling = e.scaling;
     return r;
@@ -182,7 +186,7 @@ RopeConfig read_rope_config(const json& config, const std::string& source, const
   // Another architecture's layers rotate alike: the entries must agree.
   std::optional<RopeEntry> first;
   for (const auto& key : nested) {
-    RopeEntry e = read_entry(chosen[key], "rope_parameters." + key, source, config, d, top_theta);
+    RopeEntry e = read_entry(chosen[key], path + "." + key, source, config, d, top_theta);
     if (!first) {
       first = std::move(e);
       continue;

@@ -431,7 +431,8 @@ class RecordReader {
       example.learned.resize(max_tokens_);
     }
     // Nothing left to learn (a prompt that fills the window, a chat without assistant turns).
-    if (std::find(example.learned.begin() + 1, example.learned.end(), 1) == example.learned.end()) {
+    if (example.learned.size() < 2 ||
+        std::find(example.learned.begin() + 1, example.learned.end(), 1) == example.learned.end()) {
       ++c_.skipped;
       return;
     }

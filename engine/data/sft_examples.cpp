@@ -133,7 +133,8 @@ const ChatTemplate& SftEncoder::chat_template() const {
 void SftEncoder::learn_span(const std::string& text, size_t begin, size_t end, const std::vector<int64_t>& ids,
                             std::vector<uint8_t>& learned) const {
   // The tokens of text[begin, end): those after the ids text[0, begin) encodes to and up
-  // to those text[0, end) encodes to (a token across either boundary counts as before it).
+  // to those text[0, end) encodes to (a token across the start is learned, one across the
+  // end is not).
   std::vector<int64_t> before, through;
   tokenizer_->encode(std::string_view(text).substr(0, begin), before);
   tokenizer_->encode(std::string_view(text).substr(0, end), through);

@@ -66,7 +66,12 @@ class Filler {
   }
 
   void set(const std::string& key, const json& value, const std::string& why) {
-    config_[pointer(key)] = value;
+    try {
+      config_[pointer(key)] = value;
+    } catch (const json::exception&) {  // a section on the way is not an object ("optimizer": "adam")
+      throw_user_error("{}: cannot set {} from the command line: a section on its path is not an object", source_,
+                       key);
+    }
     filled_.push_back(fmt::format("{} = {} ({})", key, value.dump(), why));
   }
 
@@ -200,7 +205,8 @@ ResolvedTrainConfig resolve_hf_trainer_config(const json& input, const HfTrainin
   if (args.max_steps)
     f.fill("scheduler.params.total_num_steps", *args.max_steps, args.max_steps_from_hf_flag ? "--max_steps" : "--steps",
            true, false, args.max_steps_from_hf_flag);
-  // TrainingArguments.get_warmup_steps, with transformers 5's floor of 1.
+  // TrainingArguments.get_warmup_steps: --warmup_steps when >= 1, a value below 1 as a ratio
+  // (transformers 5), else ceil(steps x --warmup_ratio) (4.x).
   const double warmup_steps = args.warmup_steps.value_or(0);
   const bool ratio = warmup_steps < 1 && (warmup_steps > 0 || args.warmup_ratio.value_or(0) > 0);
   if (f.auto_at("scheduler.params.warmup_num_steps") && ratio && !args.max_steps)
@@ -213,8 +219,16 @@ ResolvedTrainConfig resolve_hf_trainer_config(const json& input, const HfTrainin
   else if (ratio)
     warmup = static_cast<int64_t>(std::ceil(static_cast<double>(args.max_steps.value_or(0)) *
                                             (warmup_steps > 0 ? warmup_steps : *args.warmup_ratio)));
-  f.fill("scheduler.params.warmup_num_steps", std::max<int64_t>(1, warmup), "--warmup_steps / --warmup_ratio",
-         given(args.warmup_steps) || given(args.warmup_ratio));
+  if (f.auto_at("scheduler.params.warmup_num_steps")) {
+    // transformers 5 fills at least 1 (newer DeepSpeed refuses 0; older clamped it to 2, as autotp does).
+    f.fill("scheduler.params.warmup_num_steps", std::max<int64_t>(1, warmup), "--warmup_steps / --warmup_ratio",
+           args.warmup_steps.has_value() || args.warmup_ratio.has_value());
+  } else {
+    // A ratio without the number of steps has no value to compare with.
+    const bool known = !ratio || args.max_steps.has_value();
+    f.fill("scheduler.params.warmup_num_steps", warmup, "--warmup_steps / --warmup_ratio",
+           known && (args.warmup_steps.has_value() || args.warmup_ratio.has_value()));
+  }
   f.check_mismatches();
   out.filled = f.filled();
   return out;

@@ -344,7 +344,7 @@ struct Tokenizer::Impl {
   int64_t vocab_size = 0;
   std::map<std::string, int64_t> added_ids;
   // For token_text: every id's string, and how the decoder turns it back into text.
-  std::vector<std::string> pieces;
+  std::unordered_map<int64_t, std::string> pieces;  // by id (ids may be sparse: added tokens up to 2^32)
   std::map<std::string, unsigned char> unicode_to_byte;  // byte-level decoders
   bool metaspace = false;                                // "▁" is a space (Metaspace, Replace)
   std::set<int64_t> special_ids;
@@ -427,9 +427,8 @@ Tokenizer Tokenizer::read(const json& j, const std::string& source) {
     m.added_ids[token.content] = token.id;
     m.added.push_back(token);
   }
-  m.pieces.assign(static_cast<size_t>(m.vocab_size), std::string());
-  for (const auto& [token, id] : m.model->vocab()) m.pieces[static_cast<size_t>(id)] = token;
-  for (const auto& a : m.added) m.pieces[static_cast<size_t>(a.id)] = a.content;
+  for (const auto& [token, id] : m.model->vocab()) m.pieces[id] = token;
+  for (const auto& a : m.added) m.pieces[a.id] = a.content;
   for (const auto& a : j.value("added_tokens", json::array()))
     if (a.value("special", false)) m.special_ids.insert(a.at("id").get<int64_t>());
   const std::string decoder = j.value("decoder", json()).dump();
@@ -448,8 +447,9 @@ Tokenizer Tokenizer::read(const json& j, const std::string& source) {
 
 std::string Tokenizer::token_text(int64_t id) const {
   const Impl& m = *impl_;
-  if (id < 0 || id >= static_cast<int64_t>(m.pieces.size())) return "";
-  const std::string& piece = m.pieces[static_cast<size_t>(id)];
+  const auto found = m.pieces.find(id);
+  if (found == m.pieces.end()) return "";
+  const std::string& piece = found->second;
   if (m.added_ids.count(piece) && m.added_ids.at(piece) == id) return piece;  // added tokens are literal text
   // byte_fallback pieces: <0xXX>
   if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece.back() == '>')

@@ -152,7 +152,7 @@ ResolvedTrainConfig resolve_config_file(const TrainArgs& args, const ModelSource
 }
 
 // Rank 0 prints what was filled and writes resolved_config.json beside --metrics
-// (else into --save); called once every input has been checked.
+// (else into --save); called once the model, the data and any checkpoint are loaded.
 void publish_resolved_config(const TrainArgs& args, const ResolvedTrainConfig& resolved, const DistEnv& env) {
   if (env.rank != 0 || env.restart_count > 0) return;
   if (!resolved.filled.empty())
@@ -252,6 +252,13 @@ void run_train(const TrainArgs& args) {
   std::shared_ptr<Dataset> data =
       open_dataset(args.data, data_options(source, args.data, args.seq_len, args.bin_dtype, args.tokenizer, args.sft));
   AUTOTP_USER_CHECK(args.save_every == 0 || !args.save.empty(), "--save-every needs --save DIR");
+  {
+    std::error_code error;
+    AUTOTP_USER_CHECK(args.export_hf.empty() || !source.dir || !std::filesystem::equivalent(args.export_hf, *source.dir, error),
+                      "--export-hf {} is the --model directory: an export would replace the model it trains from; "
+                      "choose another directory",
+                      args.export_hf);
+  }
   ExportOptions export_options;
   if (!args.export_dtype.empty()) export_options.dtype = parse_dtype(args.export_dtype);
   export_options.max_shard_bytes = io::parse_byte_size(args.max_shard_size);
@@ -261,7 +268,6 @@ void run_train(const TrainArgs& args) {
   if (!resume_from.empty()) resume = io::SavedCheckpoint::open(resume_from);  // bad paths fail before the rendezvous
 
   const Placement placement = place_rank(args.world, config.device);
-  publish_resolved_config(args, resolved, env);
   const torch::ScalarType dtype = training_dtype(config);
   auto topology = join_world(args.world, config.tensor_parallel.autotp_size, placement.backend);
   torch::manual_seed(config.seed);
@@ -273,6 +279,7 @@ void run_train(const TrainArgs& args) {
              config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
   Trainer trainer(config, topology, std::move(model), data, !args.no_shuffle);
   if (resume) load_checkpoint(trainer, *resume);
+  publish_resolved_config(args, resolved, env);  // the model, data and any checkpoint are in place
   if (env.restart_count > 0)
     log().warn("restart {} of this run: {}", env.restart_count,
                resume ? fmt::format("resumed at step {} from {}", trainer.steps_done(), resume_from)

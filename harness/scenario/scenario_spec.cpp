@@ -389,6 +389,13 @@ HfTrainingArguments read_training_arguments(const Section& top) {
   number("adam_epsilon", a.adam_epsilon);
   if (t.has("per_device_train_batch_size")) a.per_device_train_batch_size = t.integer("per_device_train_batch_size", 1);
   if (t.has("gradient_accumulation_steps")) a.gradient_accumulation_steps = t.integer("gradient_accumulation_steps", 1);
+  t.check(a.learning_rate.value_or(0) >= 0, "learning_rate", "a number >= 0");
+  t.check(a.warmup_steps.value_or(0) >= 0, "warmup_steps", "a number >= 0");
+  t.check(a.warmup_ratio.value_or(0) >= 0 && a.warmup_ratio.value_or(0) <= 1, "warmup_ratio", "a number in [0, 1]");
+  t.check(a.weight_decay.value_or(0) >= 0, "weight_decay", "a number >= 0");
+  t.check(a.max_grad_norm.value_or(0) >= 0, "max_grad_norm", "a number >= 0");
+  t.check(a.per_device_train_batch_size.value_or(1) >= 1, "per_device_train_batch_size", "an integer >= 1");
+  t.check(a.gradient_accumulation_steps.value_or(1) >= 1, "gradient_accumulation_steps", "an integer >= 1");
   if (t.has("bf16")) a.bf16 = t.boolean("bf16", false);
   if (t.has("fp16")) a.fp16 = t.boolean("fp16", false);
   return a;
