@@ -19,6 +19,7 @@ const char* axis_name(Axis axis) {
     case Axis::kExpertIntermediate: return "expert_intermediate";
     case Axis::kSharedExpertIntermediate: return "shared_expert_intermediate";
     case Axis::kSharedExpertGate: return "shared_expert_gate";
+    case Axis::kLoraRank: return "lora_rank";
   }
   return "?";
 }
@@ -51,6 +52,7 @@ int64_t axis_size(const ModelConfig& c, Axis axis) {
     case Axis::kExpertIntermediate: return c.expert_intermediate_size;
     case Axis::kSharedExpertIntermediate: return c.shared_expert_intermediate_size;
     case Axis::kSharedExpertGate: return 1;
+    case Axis::kLoraRank: return 0;  // the adapter config's r, not the model's
   }
   return 0;
 }

@@ -6,7 +6,9 @@
 #include <filesystem>
 
 #include "autotp/io/checksum.h"
+#include "autotp/checkpoint/adapter_files.h"
 #include "autotp/io/hf_writer.h"
+#include "autotp/lora/lora_plan.h"
 #include "autotp/model/presets.h"
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
@@ -45,6 +47,19 @@ std::vector<io::CheckpointTensor> model_tensors(CausalLM& model) {
   return tensors;
 }
 
+// What checkpoints hold: the parameters that train (all of them, or LoRA's adapters and modules_to_save).
+std::vector<io::CheckpointTensor> trained_tensors(const ZeroOptimizer& zero) {
+  std::vector<io::CheckpointTensor> tensors;
+  for (const Parameter* p : zero.params()) tensors.push_back({p->name(), p->spec()});
+  return tensors;
+}
+
+bool has_frozen(CausalLM& model) {
+  for (auto& p : model.parameters())
+    if (!p.trains()) return true;
+  return false;
+}
+
 // The metadata of the trainer's state (files filled in by the caller).
 io::CheckpointMetadata trainer_metadata(Trainer& trainer) {
   io::CheckpointMetadata m;
@@ -56,8 +71,8 @@ io::CheckpointMetadata trainer_metadata(Trainer& trainer) {
   m.tp = topo.tp_size();
   m.dp = topo.dp_size();
   m.stage = zero.stage();
-  m.dtype = hf_dtype_name(trainer.model().dtype());
-  m.tensors = model_tensors(trainer.model());
+  m.dtype = hf_dtype_name(zero.dtype());
+  m.tensors = trained_tensors(zero);
   for (size_t i = 0; i < m.tensors.size(); ++i) m.tensors[i].unit = zero.unit_ids()[i];
   m.optimizer_states = optimizer_state_names(partition);
   m.model_config = trainer.model().config().raw;
@@ -94,21 +109,22 @@ void verify_collectively(const io::SavedCheckpoint& ckpt, Comm& world) {
   }
 }
 
-void check_model_matches(const io::SavedCheckpoint& ckpt, CausalLM& model) {
+void check_model_matches(const io::SavedCheckpoint& ckpt, const ZeroOptimizer& zero) {
   const auto& meta = ckpt.metadata();
   const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
-  for (auto& p : model.parameters()) {
-    auto found = meta.find(p.name());
-    AUTOTP_USER_CHECK(found, "{}: the checkpoint has no tensor '{}' (was it saved from another model?)", where,
-                      p.name());
+  for (const Parameter* p : zero.params()) {
+    auto found = meta.find(p->name());
+    AUTOTP_USER_CHECK(found, "{}: the checkpoint has no tensor '{}' (was it saved from another model or LoRA config?)",
+                      where, p->name());
     const auto& saved = meta.tensors[*found].spec.global_shape();
-    AUTOTP_USER_CHECK(saved == p.spec().global_shape(),
-                      "{}: tensor '{}' has shape [{}] in the checkpoint but [{}] in the model", where, p.name(),
-                      fmt::join(saved, ", "), fmt::join(p.spec().global_shape(), ", "));
+    AUTOTP_USER_CHECK(saved == p->spec().global_shape(),
+                      "{}: tensor '{}' has shape [{}] in the checkpoint but [{}] in the model", where, p->name(),
+                      fmt::join(saved, ", "), fmt::join(p->spec().global_shape(), ", "));
   }
-  AUTOTP_USER_CHECK(meta.tensors.size() == model.parameters().size(),
-                    "{}: the checkpoint has {} tensors, the model {} (was it saved from another model?)", where,
-                    meta.tensors.size(), model.parameters().size());
+  AUTOTP_USER_CHECK(meta.tensors.size() == zero.params().size(),
+                    "{}: the checkpoint has {} tensors, the model trains {} (was it saved from another model or "
+                    "LoRA config?)",
+                    where, meta.tensors.size(), zero.params().size());
 }
 
 // fp32 master values and optimizer states for a partition of a target layout.
@@ -258,7 +274,7 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
   auto& topo = trainer.topology();
   const auto& meta = ckpt.metadata();
   const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
-  check_model_matches(ckpt, trainer.model());
+  check_model_matches(ckpt, trainer.optimizer());
   const auto wanted = optimizer_state_names(trainer.optimizer().partition_state());
   AUTOTP_USER_CHECK(wanted == meta.optimizer_states,
                     "{}: the checkpoint holds optimizer states [{}] (optimizer {}), the config's optimizer {} "
@@ -268,7 +284,7 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
   verify_collectively(ckpt, topo.world());
 
   std::vector<std::pair<std::string, const ShardSpec*>> specs;
-  for (auto& p : trainer.model().parameters()) specs.emplace_back(p.name(), &p.spec());
+  for (const Parameter* p : trainer.optimizer().params()) specs.emplace_back(p->name(), &p->spec());
   const FlatLayout& layout = trainer.optimizer().layout();
   auto part = assemble_partition(ckpt, specs, topo.tp_rank(), layout, topo.dp_rank(), meta.optimizer_states);
   trainer.optimizer().load_partition_state(part.master, part.optimizer,
@@ -305,6 +321,7 @@ void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& op
   // A save's 16-bit weights are part of the checkpoint phase.
   if (!options.within_save) publish_phase("export", trainer.steps_done());
   torch::NoGradGuard no_grad;
+  if (has_frozen(trainer.model())) return export_merged_hf(trainer, dir, options);
   auto& topo = trainer.topology();
   auto& model = trainer.model();
   const auto tensors = model_tensors(model);
@@ -343,6 +360,10 @@ void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& op
 void export_hf(const io::SavedCheckpoint& ckpt, const std::string& dir, const ExportOptions& options) {
   torch::NoGradGuard no_grad;
   const auto& meta = ckpt.metadata();
+  AUTOTP_USER_CHECK(!meta.train_config.contains("lora") || meta.train_config["lora"].is_null(),
+                    "{}: a LoRA checkpoint holds the adapters only (not a whole model); export a merged model with "
+                    "`autotp train ... --resume {} --export-hf DIR --merge-lora`, or the adapter with --save-adapter",
+                    ckpt.dir(), ckpt.dir());
   io::HfModelWriter writer(dir, meta.model_config, hf_tensor_list(meta.tensors),
                            export_dtype(options, parse_dtype(meta.dtype)), options.max_shard_bytes);
   writer.copy_companions_from(options.model_files_dir.empty() ? checkpoint_model_files(ckpt) : options.model_files_dir);
@@ -364,7 +385,10 @@ std::string reshard_checkpoint(const io::SavedCheckpoint& ckpt, int tp, int dp, 
   TpPlanOptions plan_options;
   plan_options.tp_size = tp;
   plan_options.layer_specs = config.tensor_parallel.layer_specs;
-  const TpPlan plan = TpPlan::build(ModelConfig::from_json(old.model_config, "checkpoint model_config"), plan_options);
+  TpPlan plan = TpPlan::build(ModelConfig::from_json(old.model_config, "checkpoint model_config"), plan_options);
+  if (config.lora.enabled) plan = with_lora(std::move(plan), config.lora);  // the checkpoint holds what trains
+  const std::vector<const PlanEntry*> entries = plan_entries(plan, /*frozen=*/false);
+  const ZeroUnits zero_units{ModelConfig::from_json(old.model_config, "checkpoint model_config").num_layers};
 
   io::CheckpointMetadata meta = old;
   meta.tp = tp;
@@ -375,11 +399,11 @@ std::string reshard_checkpoint(const io::SavedCheckpoint& ckpt, int tp, int dp, 
   const int64_t threshold = meta.train_config.value("zero_optimization", nlohmann::json::object())
                                 .value("stage3_param_persistence_threshold",
                                        ZeroConfig{}.stage3_param_persistence_threshold);
-  const std::vector<int> units = zero_unit_ids(plan, stage, threshold);
-  for (const auto& e : plan.entries()) {
-    meta.tensors.push_back({e.desc.name, e.spec, units[meta.tensors.size()]});
-    specs.emplace_back(e.desc.name, &e.spec);
-    AUTOTP_USER_CHECK(old.find(e.desc.name), "checkpoint {}: has no tensor '{}'", ckpt.dir(), e.desc.name);
+  const std::vector<int> units = zero_unit_ids(entries, zero_units, stage, threshold);
+  for (const PlanEntry* e : entries) {
+    meta.tensors.push_back({e->desc.name, e->spec, units[meta.tensors.size()]});
+    specs.emplace_back(e->desc.name, &e->spec);
+    AUTOTP_USER_CHECK(old.find(e->desc.name), "checkpoint {}: has no tensor '{}'", ckpt.dir(), e->desc.name);
   }
   meta.files.clear();
   // The config travels along for reference; a resume uses the config it is given.

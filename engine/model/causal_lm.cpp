@@ -248,8 +248,11 @@ CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType 
   for (const auto& e : plan_.entries()) {
     Parameter p;
     p.entry = &e;
-    p.tensor = torch::empty(e.spec.local_shape(tp_.rank()), torch::TensorOptions().dtype(dtype_).device(device_));
-    p.tensor.requires_grad_(true);
+    // LoRA factors are fp32 whatever the model dtype (PEFT's default), zero until initialised.
+    const auto options = torch::TensorOptions().dtype(e.adapter ? torch::kFloat32 : dtype_).device(device_);
+    p.tensor = e.adapter ? torch::zeros(e.spec.local_shape(tp_.rank()), options)
+                         : torch::empty(e.spec.local_shape(tp_.rank()), options);
+    p.tensor.requires_grad_(!e.frozen);
     index_[e.desc.name] = params_.size();
     params_.push_back(std::move(p));
   }
@@ -276,6 +279,7 @@ torch::Tensor CausalLM::tensor(const std::string& name) const {
 void CausalLM::init_random(uint64_t seed) {
   torch::NoGradGuard no_grad;
   for (auto& p : params_) {
+    if (p.entry->adapter) continue;  // LoRA factors: lora_weights.h initialises them
     const auto& d = p.entry->desc;
     torch::Tensor full;
     const bool norm_bias = d.name.size() > 5 && d.name.substr(d.name.size() - 5) == ".bias";
@@ -299,6 +303,7 @@ LoadReport CausalLM::load(const io::CheckpointReader& checkpoint) {
   const std::string prefix = config_.base_prefix();
   std::vector<std::string> missing;
   for (auto& p : params_) {
+    if (p.entry->adapter) continue;  // not part of an HF model (lora_weights.h loads adapters)
     const auto& d = p.entry->desc;
     std::string stored = d.name;
     if (!checkpoint.contains(stored) && d.name.rfind(prefix, 0) == 0) stored = d.name.substr(prefix.size());
@@ -360,7 +365,16 @@ torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x
   const Parameter* w = find(module + ".weight");
   TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
   torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
-  return F::linear(x, weight, tensor(module + ".bias"));
+  torch::Tensor y = F::linear(x, weight, tensor(module + ".bias"));
+  const Parameter* a = find(module + ".lora_A.weight");
+  return a ? with_adapter(module, y, torch::matmul(x.to(torch::kFloat32), a->tensor.t())) : y;
+}
+
+torch::Tensor CausalLM::with_adapter(const std::string& module, const torch::Tensor& y, const torch::Tensor& u) {
+  // PEFT: result + lora_B(lora_A(x)) * scaling, computed in the adapters' fp32.
+  const torch::Tensor b = find(module + ".lora_B.weight")->tensor;
+  torch::Tensor delta = torch::matmul(u, b.t()) * adapter_scaling_;
+  return y.scalar_type() == torch::kFloat32 ? y + delta : (y.to(torch::kFloat32) + delta).to(y.scalar_type());
 }
 
 torch::Tensor CausalLM::enter_block(const torch::Tensor& h, bool split) {
@@ -388,11 +402,24 @@ std::vector<torch::Tensor> CausalLM::column_inputs(const std::vector<std::string
     const Parameter* w = find(m + ".weight");
     weights.push_back(w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor);
   }
+  // LoRA: each lora_A (replicated) reads the same gathered input, in the same
+  // autograd node, so its input gradient joins the base's one reduction.
+  std::vector<size_t> adapted;
+  for (size_t j = 0; j < modules.size(); ++j)
+    if (const Parameter* a = find(modules[j] + ".lora_A.weight")) {
+      adapted.push_back(j);
+      weights.push_back(a->tensor);
+    }
   outputs = column_parallel_inputs(h, weights, tp_, {sequence_parallel_, sequence_sizes_, plan_.overlap_comm()});
   for (size_t j = 0; j < modules.size(); ++j) {
     torch::Tensor bias = tensor(modules[j] + ".bias");
     if (bias.defined()) outputs[j] = outputs[j] + bias;
   }
+  for (size_t k = 0; k < adapted.size(); ++k) {
+    const size_t j = adapted[k];
+    outputs[j] = with_adapter(modules[j], outputs[j], outputs[modules.size() + k]);
+  }
+  outputs.resize(modules.size());
   return outputs;
 }
 
@@ -646,7 +673,11 @@ torch::Tensor CausalLM::row_partial(const std::string& module, const torch::Tens
   TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
   if (w->entry->role != TpRole::kRow) return linear(module, x);  // a replicated block: the whole output
   torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
-  return torch::matmul(x, weight.t());
+  torch::Tensor partial = torch::matmul(x, weight.t());
+  // LoRA: lora_A is cut like the input, so x_local A_local^T is a partial sum
+  // too; B is linear, so its product joins the base's before the one reduction.
+  const Parameter* a = find(module + ".lora_A.weight");
+  return a ? with_adapter(module, partial, torch::matmul(x.to(torch::kFloat32), a->tensor.t())) : partial;
 }
 
 torch::Tensor CausalLM::row_output(const std::string& module, const torch::Tensor& reduced) {

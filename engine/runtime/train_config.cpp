@@ -25,6 +25,7 @@ const std::vector<std::string> kTopKeys = {"train_batch_size",
                                            "zero_optimization",
                                            "tensor_parallel",
                                            "activation_checkpointing",
+                                           "lora",
                                            "seed",
                                            "steps_per_print",
                                            "wall_clock_breakdown",
@@ -77,6 +78,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
                d, hf_dtype_name(wanted), hf_dtype_name(wanted), hf_dtype_name(wanted));
   }
   c.activation_checkpointing = ActivationCheckpointingConfig::read(top);
+  c.lora = LoraConfig::read(top);
   if (top.has("seed")) {
     const json& seed = top.at("seed");
     top.check(seed.is_number_unsigned() || (seed.is_number_integer() && seed.get<int64_t>() >= 0), "seed",
@@ -173,6 +175,7 @@ json TrainConfig::to_json() const {
   j["zero_optimization"] = zero.to_json();
   j["tensor_parallel"] = tensor_parallel.to_json();
   j["activation_checkpointing"] = activation_checkpointing.to_json();
+  if (lora.enabled) j["lora"] = lora.to_json();
   j["seed"] = seed;
   j["steps_per_print"] = steps_per_print;
   j["wall_clock_breakdown"] = wall_clock_breakdown;

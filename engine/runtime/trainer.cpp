@@ -189,8 +189,7 @@ std::pair<double, double> Trainer::forward_backward(const std::vector<Batch>& mi
 
 void Trainer::record_memory(StepMetrics& m, const torch::Device& device, int64_t at_start) const {
   m.model_states = optimizer_->model_state_bytes();
-  m.model_states_analytic = ZeroOptimizer::analytic_bytes(
-      optimizer_->layout(), model_->dtype(), config_.optimizer, optimizer_->fp32_grad_accumulation());
+  m.model_states_analytic = optimizer_->analytic_model_state();
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   m.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;

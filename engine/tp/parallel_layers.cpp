@@ -15,7 +15,14 @@ class ColumnParallelInputs : public torch::autograd::Function<ColumnParallelInpu
                                const ColumnInputOptions& options) {
     torch::Tensor x_full = options.sequence_parallel ? tp->all_gather(x, 1, options.sequence_sizes) : x;
     variable_list outputs;
-    for (const auto& w : weights) outputs.push_back(torch::matmul(x_full, w.t()));
+    // A weight of another dtype (LoRA's fp32 lora_A) reads the input cast to it;
+    // a frozen weight gets no gradient (its GEMM is skipped in the backward).
+    c10::List<bool> needs_grad;
+    for (const auto& w : weights) {
+      outputs.push_back(torch::matmul(w.scalar_type() == x_full.scalar_type() ? x_full : x_full.to(w.scalar_type()), w.t()));
+      needs_grad.push_back(w.requires_grad());
+    }
+    ctx->saved_data["needs_grad"] = needs_grad;
     variable_list saved{x};  // under sequence parallelism only this rank's tokens
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
@@ -43,6 +50,7 @@ class ColumnParallelInputs : public torch::autograd::Function<ColumnParallelInpu
     for (size_t j = 1; j < saved.size(); ++j) {
       if (!grads[j - 1].defined()) continue;
       auto term = torch::matmul(grads[j - 1], saved[j]);
+      if (term.scalar_type() != x.scalar_type()) term = term.to(x.scalar_type());
       grad_x = grad_x.defined() ? grad_x.add_(term) : term;
     }
     gather.wait();
@@ -65,9 +73,12 @@ class ColumnParallelInputs : public torch::autograd::Function<ColumnParallelInpu
     }
     variable_list out(saved.size() + 2);  // x, the weights, then the Comm and the options
     const auto x_rows = x_full.reshape({-1, x_full.size(-1)});
+    const auto needs_grad = ctx->saved_data.at("needs_grad").toBoolList();
     for (size_t j = 1; j < saved.size(); ++j) {
+      if (!needs_grad.get(j - 1)) continue;
       const auto& g = grads[j - 1];
-      out[j] = g.defined() ? g.reshape({-1, g.size(-1)}).t().mm(x_rows) : torch::zeros_like(saved[j]);
+      const auto rows = x_rows.scalar_type() == saved[j].scalar_type() ? x_rows : x_rows.to(saved[j].scalar_type());
+      out[j] = g.defined() ? g.reshape({-1, g.size(-1)}).t().mm(rows) : torch::zeros_like(saved[j]);
     }
     reduce.wait();
     out[0] = sp ? reduced.movedim(0, 1) : reduced;

@@ -572,6 +572,21 @@ const PlanEntry& TpPlan::entry(const std::string& name) const {
   return entries_[it->second];
 }
 
+void TpPlan::set_frozen(const std::string& name, bool frozen) {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "TpPlan::set_frozen: no parameter named '", name, "'");
+  entries_[it->second].frozen = frozen;
+}
+
+void TpPlan::insert_after(const std::string& anchor, std::vector<PlanEntry> entries) {
+  auto it = index_.find(anchor);
+  TORCH_CHECK(it != index_.end(), "TpPlan::insert_after: no parameter named '", anchor, "'");
+  entries_.insert(entries_.begin() + static_cast<std::ptrdiff_t>(it->second) + 1,
+                  std::make_move_iterator(entries.begin()), std::make_move_iterator(entries.end()));
+  index_.clear();
+  for (size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].desc.name] = i;
+}
+
 std::vector<int64_t> TpPlan::rank_bytes(int64_t element_size) const {
   std::vector<int64_t> bytes(tp_size_, 0);
   for (const auto& e : entries_)
@@ -591,6 +606,8 @@ std::string TpPlan::table() const {
     }
     std::string shard_text = all_same ? fmt::format("all {}", shards[0]) : fmt::format("{}", fmt::join(shards, " "));
     if (e.spec.has_overlap() && !e.spec.is_replicated()) shard_text += " (kv heads shared)";
+    if (e.partial_grad && e.adapter) shard_text += " (grad summed over tp)";
+    if (e.frozen) shard_text += " frozen";
     out += fmt::format("{:<48} {:<10} {:<14} {:<40} {}\n", e.desc.name, tp_role_name(e.role),
                        shape_str(e.desc.shape), shard_text, e.source);
   }

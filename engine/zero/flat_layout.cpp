@@ -7,7 +7,7 @@
 namespace autotp {
 
 FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, const std::vector<int>& unit_of_in, int dp,
-                             int stage) {
+                             int stage, int min_units) {
   TORCH_CHECK(dp > 0 && stage >= 0 && stage <= 3, "FlatLayout::build: dp ", dp, " stage ", stage);
   TORCH_CHECK(unit_of_in.empty() || unit_of_in.size() == numels.size(), "FlatLayout::build: ", unit_of_in.size(),
               " unit ids for ", numels.size(), " parameters");
@@ -16,7 +16,7 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, const std::vect
   layout.stage = stage;
   layout.numels = numels;
   layout.unit_of = unit_of_in.empty() ? std::vector<int>(numels.size(), 0) : unit_of_in;
-  int units = 1;
+  int units = std::max(1, min_units);
   for (int u : layout.unit_of) {
     TORCH_CHECK(u >= 0, "FlatLayout::build: negative unit id");
     units = std::max(units, u + 1);
@@ -41,11 +41,11 @@ FlatLayout FlatLayout::build(const std::vector<int64_t>& numels, const std::vect
 }
 
 FlatLayout FlatLayout::build(const std::vector<const ShardSpec*>& specs, const std::vector<int>& unit_of,
-                             int tp_rank, int dp, int stage) {
+                             int tp_rank, int dp, int stage, int min_units) {
   std::vector<int64_t> numels;
   numels.reserve(specs.size());
   for (const ShardSpec* spec : specs) numels.push_back(spec->local_numel(tp_rank));
-  return build(numels, unit_of, dp, stage);
+  return build(numels, unit_of, dp, stage, min_units);
 }
 
 std::vector<PartitionPiece> FlatLayout::pieces(int dp_rank) const {

@@ -9,6 +9,7 @@
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
 #include "cli/cli.h"
+#include "cli/lora_flags.h"
 
 namespace autotp::cli {
 
@@ -18,6 +19,7 @@ void register_eval(CLI::App& app) {
     int tp = 0;
     bool sequence_parallel = false;
     uint64_t seed = 0;
+    LoraFlags lora;
     WorldOptions world;
   };
   auto args = std::make_shared<Args>();
@@ -31,6 +33,7 @@ void register_eval(CLI::App& app) {
                 "Norms and residuals on 1/tp of the sequence (tensor_parallel.sequence_parallel)");
   cmd->add_option("--dtype", args->dtype, "Compute dtype: f32 or bf16 (default f32)");
   cmd->add_option("--seed", args->seed, "Seed of a preset's random weights (default 0)");
+  add_lora_flags(*cmd, args->lora, LoraFlagSet::kEval);
   add_world_options(*cmd, args->world);
   add_device_options(*cmd, args->world);
   cmd->callback([args] {
@@ -47,11 +50,13 @@ void register_eval(CLI::App& app) {
     TpPlanOptions plan_options;
     plan_options.tp_size = tp;
     plan_options.sequence_parallel = args->sequence_parallel;
-    auto plan = TpPlan::build(source.config, plan_options);
+    const LoraConfig lora = resolve_lora(LoraConfig{}, args->lora);  // --adapter, else off
+    auto plan = apply_lora_plan(TpPlan::build(source.config, plan_options), lora);
     const Placement placement = place_rank(args->world);
     auto topology = join_world(args->world, tp, placement.backend);
     LoadReport load;
     auto model = load_model(source, plan, topology->tp(), dtype, args->seed, &load, placement.device);
+    prepare_lora_model(*model, lora, args->lora, args->seed);
     if (source.dir)
       log().info("loaded {}: read {:.1f} MiB on this rank, peak RSS {:.1f} MiB", source.label,
                  load.bytes_read / 1048576.0, load.peak_rss_bytes / 1048576.0);

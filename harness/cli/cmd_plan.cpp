@@ -7,6 +7,7 @@
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
 #include "cli/cli.h"
+#include "cli/lora_flags.h"
 
 namespace autotp::cli {
 
@@ -15,6 +16,7 @@ void register_plan(CLI::App& app) {
     std::string model, config, rules = "auto";
     int tp = 1;
     bool sequence_parallel = false;
+    LoraFlags lora;
   };
   auto args = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("plan", "Print the tensor-parallel plan of a model: roles and shard shapes per rank");
@@ -27,6 +29,7 @@ void register_plan(CLI::App& app) {
                   "sequence_parallel apply");
   cmd->add_option("--rules", args->rules, "auto | structural | names (default auto)")
       ->check(CLI::IsMember({"auto", "structural", "names"}));
+  add_lora_flags(*cmd, args->lora, LoraFlagSet::kPlan);
   cmd->callback([args] {
     auto source = resolve_model(args->model);
     TpPlanOptions options;
@@ -34,15 +37,21 @@ void register_plan(CLI::App& app) {
     options.rules = args->rules == "structural" ? PlanRules::kStructural
                     : args->rules == "names"    ? PlanRules::kNames
                                                 : PlanRules::kAuto;
+    LoraConfig lora;
     if (!args->config.empty()) {
       nlohmann::json j = read_json_file(args->config, "config file");
+      if (j.contains("lora")) {
+        const nlohmann::json only = {{"lora", j["lora"]}};
+        lora = LoraConfig::read(JsonSection(only, "", args->config, {"lora"}));
+      }
       if (j.contains("tensor_parallel") && j["tensor_parallel"].contains("partition_config"))
         options.layer_specs = parse_partition_config(j["tensor_parallel"]["partition_config"]);
       if (j.contains("tensor_parallel") && j["tensor_parallel"].value("sequence_parallel", false))
         options.sequence_parallel = true;
     }
     if (args->sequence_parallel) options.sequence_parallel = true;
-    auto plan = TpPlan::build(source.config, options);
+    lora = resolve_lora(lora, args->lora);
+    auto plan = apply_lora_plan(TpPlan::build(source.config, options), lora);
     std::cout << fmt::format("{} ({}), tp = {}{}\n", source.label, source.config.architecture, args->tp,
                              plan.sequence_parallel() ? ", sequence parallel" : "");
     std::cout << plan.table();

@@ -15,12 +15,15 @@
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
 #include "autotp/base/run_phase.h"
+#include "autotp/checkpoint/adapter_files.h"
+#include "autotp/lora/lora_weights.h"
 #include "autotp/checkpoint/checkpointing.h"
 #include "autotp/runtime/trainer.h"
 #include "autotp/base/json_file.h"
 #include "autotp/runtime/hf_trainer_config.h"
 #include "cli/cli.h"
 #include "cli/hf_training_flags.h"
+#include "cli/lora_flags.h"
 #include "cli/sft_flags.h"
 #include "launcher/restarts.h"
 
@@ -40,7 +43,7 @@ nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& to
   auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
                              m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
                              m.activations_peak_bytes, m.peak_reserved_bytes, m.peak_gathered_params_bytes,
-                             m.peak_gradient_buckets_bytes},
+                             m.peak_gradient_buckets_bytes, m.model_states.frozen_params},
                             torch::kLong);
   auto all = topology.world().all_gather(mine.view({1, -1}), 0);
   if (topology.rank() != 0) return nullptr;
@@ -60,13 +63,16 @@ nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& to
                     {"reduce_bucket_size", config.zero.reduce_bucket_size},
                     {"allgather_bucket_size", config.zero.allgather_bucket_size},
                     {"stage3_param_persistence_threshold", config.zero.stage3_param_persistence_threshold}};
+  if (config.lora.enabled)
+    line["layout"]["lora"] = {{"r", config.lora.r}, {"modules", adapted_modules(trainer.model()).size()}};
   const char* keys[] = {"params", "grads", "master_weights", "optimizer_states", "peak_rss_bytes",
                         "peak_allocated_bytes", "activations_peak_bytes", "peak_reserved_bytes",
-                        "peak_gathered_params_bytes", "peak_gradient_buckets_bytes"};
+                        "peak_gathered_params_bytes", "peak_gradient_buckets_bytes", "frozen_params"};
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < topology.world_size(); ++r) {
     nlohmann::json rank = {{"rank", r}};
     for (int k = 0; k < 10; ++k) rank[keys[k]] = all[r][k].item<int64_t>();
+    if (const int64_t frozen = all[r][10].item<int64_t>(); frozen > 0) rank[keys[10]] = frozen;  // LoRA's base
     ranks.push_back(std::move(rank));
   }
   line["memory"]["ranks"] = ranks;
@@ -97,6 +103,7 @@ struct TrainArgs {
   CLI::Option* steps_option = nullptr;
   HfTrainingFlags hf;
   SftFlags sft;
+  LoraFlags lora;
   WorldOptions world;
 };
 
@@ -134,6 +141,7 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
                   "Tokenizer of .txt/.jsonl data: auto (the model directory's own; byte-level for presets), "
                   "bytes, or a directory with tokenizer.json / tokenizer.model (default auto)");
   add_sft_flags(*cmd, args->sft);
+  add_lora_flags(*cmd, args->lora, LoraFlagSet::kTrain);
   add_hf_training_flags(*cmd, args->hf);
   add_world_options(*cmd, args->world);
   add_restart_option(*cmd, args->world);
@@ -240,6 +248,26 @@ int64_t run_steps(const TrainArgs& args, Trainer& trainer, Topology& topology, c
   return saved_at;
 }
 
+// What a LoRA run can and cannot do (docs/lora.md), before anything starts.
+void check_lora_run(const TrainConfig& config, const TrainArgs& args) {
+  const LoraConfig& lora = config.lora;
+  AUTOTP_USER_CHECK(lora.enabled || (args.lora.save_adapter.empty() && !args.lora.merge_lora),
+                    "--save-adapter and --merge-lora need LoRA (a lora section in the config, --lora-r or --adapter)");
+  if (!lora.enabled) return;
+  AUTOTP_USER_CHECK(args.export_hf.empty() || args.lora.merge_lora,
+                    "--export-hf under LoRA writes the merged model: add --merge-lora (or write the adapter alone "
+                    "with --save-adapter DIR)");
+  AUTOTP_USER_CHECK(!args.lora.merge_lora || !args.export_hf.empty(), "--merge-lora needs --export-hf DIR");
+  AUTOTP_USER_CHECK(lora.lora_dropout == 0,
+                    "lora.lora_dropout is {} (allowed for training: 0; dropout on the adapter input is not "
+                    "implemented yet)",
+                    lora.lora_dropout);
+  const bool sixteen_bit = config.bf16 || config.fp16.enabled;
+  AUTOTP_USER_CHECK(!sixteen_bit || (lora.modules_to_save.empty() && lora.bias == "none"),
+                    "lora.modules_to_save / lora.bias train base tensors in full, which autotp supports in fp32 "
+                    "training only for now (allowed with bf16 / fp16: modules_to_save empty and bias \"none\")");
+}
+
 void run_train(const TrainArgs& args) {
   // Everything that can be checked without the others is checked before the rendezvous.
   DistEnv env = DistEnv::from_environment();
@@ -248,7 +276,9 @@ void run_train(const TrainArgs& args) {
   auto config = TrainConfig::from_json(resolved.config, args.config);
   if (args.seed) config.seed = *args.seed;
   config.resolve_batch(env.world_size);
-  auto plan = TpPlan::build(source.config, config.tensor_parallel.plan_options());
+  config.lora = resolve_lora(config.lora, args.lora);
+  check_lora_run(config, args);
+  auto plan = apply_lora_plan(TpPlan::build(source.config, config.tensor_parallel.plan_options()), config.lora);
   std::shared_ptr<Dataset> data =
       open_dataset(args.data, data_options(source, args.data, args.seq_len, args.bin_dtype, args.tokenizer, args.sft));
   AUTOTP_USER_CHECK(args.save_every == 0 || !args.save.empty(), "--save-every needs --save DIR");
@@ -272,6 +302,7 @@ void run_train(const TrainArgs& args) {
   auto topology = join_world(args.world, config.tensor_parallel.autotp_size, placement.backend);
   torch::manual_seed(config.seed);
   auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, placement.device);
+  prepare_lora_model(*model, config.lora, args.lora, config.seed);
   log().info("model {} ({}) on {}, data {}", source.label, source.config.architecture, placement.device.str(),
              data->describe());
   log().info("layout: world {} = dp {} x tp {}, ZeRO stage {}, micro-batch {}, gradient accumulation {}, global batch {}",
@@ -294,6 +325,8 @@ void run_train(const TrainArgs& args) {
   const int64_t saved_at = run_steps(args, trainer, *topology, config, *data, save_options, env.restart_count);
 
   if (!args.save.empty() && saved_at != trainer.steps_done()) save_checkpoint(trainer, args.save, save_options);
+  if (!args.lora.save_adapter.empty())
+    save_adapter(trainer, config.lora, args.lora.save_adapter, source.dir.value_or(source.label));
   if (!args.export_hf.empty()) export_hf(trainer, args.export_hf, export_options);
   publish_phase("done", trainer.steps_done());
   topology->world().barrier();  // rank 0 hosts the store: leave together

@@ -588,7 +588,7 @@ void measure_layer_gather_extra(const Session& session, const ModelConfig& confi
     layer_back_to_back += 2 * cal.all_gather[g].seconds(4 * zero3_gather_elements(r, gs.flat.padded, g));
   }
   // Layers recompute in both runs (the calibrated ZeRO-3 step checkpoints every layer).
-  CausalLM::UseHooks no_gather, gather;
+  UseHooks no_gather, gather;
   auto gather_layer = [&](int64_t use) {
     if (use < 0 || use >= static_cast<int64_t>(shares.size())) return;
     torch::NoGradGuard no_grad;

@@ -35,6 +35,7 @@ enum class Axis {
   kExpertIntermediate,        // one expert's MLP features
   kSharedExpertIntermediate,  // Qwen2-MoE's shared expert's MLP features
   kSharedExpertGate,          // Qwen2-MoE's one-logit gate of the shared expert
+  kLoraRank,                  // a LoRA factor's rank (lora_A's rows, lora_B's columns)
 };
 
 const char* axis_name(Axis axis);

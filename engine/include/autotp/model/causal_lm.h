@@ -18,17 +18,12 @@
 #include "autotp/arch/model_config.h"
 #include "autotp/model/dropout_mask.h"
 #include "autotp/model/layer_schedule.h"
+#include "autotp/model/sharded_model.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp {
 
 
-struct Parameter {
-  const PlanEntry* entry = nullptr;  // desc (HF name, shape), role and ShardSpec
-  torch::Tensor tensor;              // this rank's shard
-  const std::string& name() const { return entry->desc.name; }
-  const ShardSpec& spec() const { return entry->spec; }
-};
 
 // Which training micro-batch a forward belongs to: the key of its dropout masks
 // (dropout_mask.h). Rows of the masks are the samples' positions in the step's
@@ -45,7 +40,7 @@ struct LoadReport {
   int64_t peak_rss_bytes = 0;        // process peak resident set after loading
 };
 
-class CausalLM {
+class CausalLM : public ShardedModel {
  public:
   // Allocates uninitialised shards for tp rank `tp.rank()` of the plan on `device`
   // (inputs given to forward and token_losses may be on the CPU: they are moved).
@@ -55,10 +50,12 @@ class CausalLM {
 
   const ModelConfig& config() const { return config_; }
   const TpPlan& plan() const { return plan_; }
-  torch::ScalarType dtype() const { return dtype_; }
-  const torch::Device& device() const { return device_; }
+  torch::ScalarType dtype() const override { return dtype_; }
+  const torch::Device& device() const override { return device_; }
   Comm& tp() { return tp_; }
-  std::vector<Parameter>& parameters() { return params_; }
+  std::vector<Parameter>& parameters() override { return params_; }
+  int64_t num_layers() const override { return config_.num_layers; }
+  bool tied_head() const override { return config_.tie_word_embeddings; }
   Parameter& parameter(const std::string& name);
 
   // Seeded init (normal(0, 0.02) matrices, unit norms, zero biases); every tp
@@ -89,6 +86,10 @@ class CausalLM {
   // activations but recompute the attention core (its output and softmax
   // statistics) in the backward from the saved q, k, v.
   void set_selective_recompute(bool on) { selective_recompute_ = on; }
+  // LoRA (plan entries marked adapter): the factor of their output, lora_alpha / r
+  // (or / sqrt(r) with rslora). Adapters are applied wherever the plan has them.
+  void set_adapter_scaling(double scaling) { adapter_scaling_ = scaling; }
+  double adapter_scaling() const { return adapter_scaling_; }
   // Dropout (the config's probabilities) for the forwards that follow, until
   // reset; none (evaluation) by default. Keep it set through the micro-batch's
   // backward: recomputed layers draw their masks again from it.
@@ -101,21 +102,9 @@ class CausalLM {
   // router_aux_loss_coef / micro-batches); call between the forward and its backward.
   double router_aux_loss(double gradient_weight);
 
-  // The parameter uses the model announces: the embeddings (kEmbeddingUse), each
-  // decoder layer (its index) and the head (final norm + LM head, num_layers()).
-  static constexpr int64_t kEmbeddingUse = -1;
-  int64_t head_use() const { return config_.num_layers; }
-  // Called around every use of parameters (ZeRO-3 gathers in `before_*` and
-  // releases in `after_*`; ZeRO-2/3 reduce a layer's gradients in
-  // `after_backward`). Forward: before_forward / after_forward around the use.
-  // Backward (with autograd on): before_backward before the use's backward
-  // (ahead of its recomputation when checkpointed) and after_backward once its
-  // parameter gradients are accumulated. The embeddings' backward reads no
-  // parameter, so they get no backward calls (their backward ends the pass).
-  struct UseHooks {
-    std::function<void(int64_t)> before_forward, after_forward, before_backward, after_backward;
-  };
-  void set_use_hooks(UseHooks hooks) { hooks_ = std::move(hooks); }
+  // The parameter uses (ShardedModel): the embeddings (kEmbeddingUse), each
+  // decoder layer and the head; hooks around each (sharded_model.h).
+  void set_use_hooks(UseHooks hooks) override { hooks_ = std::move(hooks); }
 
   // The whole (logical) tensor of a parameter, gathered over the tp group; every rank gets it.
   torch::Tensor gather(const Parameter& p);
@@ -146,6 +135,8 @@ class CausalLM {
   // The step's index of the first sample this forward (or batch piece) computes.
   int64_t first_sample() const;
   torch::Tensor linear(const std::string& module, const torch::Tensor& x);
+  // y plus the module's LoRA output from u = x A^T: (u B^T) * scaling in fp32, back in y's dtype.
+  torch::Tensor with_adapter(const std::string& module, const torch::Tensor& y, const torch::Tensor& u);
   // A block's input: copied into the tp region (split block), all-gathered along the
   // sequence under sequence parallelism, or as it is (replicated block).
   torch::Tensor enter_block(const torch::Tensor& h, bool split);
@@ -181,6 +172,7 @@ class CausalLM {
   std::map<std::string, size_t> index_;
   std::vector<bool> checkpoint_layers_;
   bool selective_recompute_ = false;
+  double adapter_scaling_ = 1;
   std::optional<DropoutContext> dropout_;
   // The routing of the current forward (per sparse layer) and the gradient the
   // load-balancing loss adds to its router probabilities.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "autotp/lora/lora_config.h"
 #include "autotp/model/recompute_config.h"
 #include "autotp/optim/optim_config.h"
 #include "autotp/tp/tp_config.h"
@@ -30,6 +31,7 @@ struct TrainConfig {
   ZeroConfig zero;
   TensorParallelConfig tensor_parallel;
   ActivationCheckpointingConfig activation_checkpointing;
+  LoraConfig lora;  // "lora": PEFT LoraConfig fields (docs/lora.md); enabled when present
   uint64_t seed = 42;                 // data order and any randomness in training
   int64_t steps_per_print = 10;       // log every this many optimizer steps
   bool wall_clock_breakdown = false;  // log per-phase timings

@@ -63,6 +63,10 @@ struct PlanEntry {
   // split attention): each rank's gradient is the part of its heads, and the
   // gradient is their sum over the tp group (sum_partial_grads).
   bool partial_grad = false;
+  // Not trained (the base model under LoRA): no gradient, no master copy, no optimizer state.
+  bool frozen = false;
+  // A LoRA factor (lora_A / lora_B) of the base layer desc.module: not part of the HF model.
+  bool adapter = false;
 };
 
 class TpPlan {
@@ -77,6 +81,10 @@ class TpPlan {
   const std::vector<PlanEntry>& entries() const { return entries_; }
   const PlanEntry& entry(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) > 0; }
+
+  // LoRA (lora/lora_plan.h): freezes an entry, or inserts entries right after `anchor`'s.
+  void set_frozen(const std::string& name, bool frozen);
+  void insert_after(const std::string& anchor, std::vector<PlanEntry> entries);
 
   // The table printed by `autotp plan`.
   std::string table() const;

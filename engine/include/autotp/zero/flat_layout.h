@@ -40,10 +40,12 @@ struct FlatLayout {
   int dp = 1, stage = 0;
   int whole_unit = -1;           // stage 3: a unit every rank holds whole (persistent tensors), or -1
 
-  // `unit_of` gives each parameter's unit id (0 .. units-1; empty = one unit).
-  static FlatLayout build(const std::vector<int64_t>& numels, const std::vector<int>& unit_of, int dp, int stage);
+  // `unit_of` gives each parameter's unit id (0 .. units-1; empty = one unit);
+  // there are at least `min_units` units (empty ones hold nothing).
+  static FlatLayout build(const std::vector<int64_t>& numels, const std::vector<int>& unit_of, int dp, int stage,
+                          int min_units = 1);
   static FlatLayout build(const std::vector<const ShardSpec*>& specs, const std::vector<int>& unit_of, int tp_rank,
-                          int dp, int stage);
+                          int dp, int stage, int min_units = 1);
   // The stretches of dp rank `dp_rank`'s partition, in partition order (stage 0: the whole buffer).
   std::vector<PartitionPiece> pieces(int dp_rank) const;
   // Elements of the span [begin, end) (inside one unit) in each dp rank's

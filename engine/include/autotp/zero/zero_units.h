@@ -30,8 +30,16 @@ struct ZeroUnits {
 
 // Unit id of every plan entry, in plan order.
 std::vector<int> zero_unit_ids(const TpPlan& plan, int stage, int64_t persistence_threshold);
+// Unit ids of some entries of a model with `units.num_layers` layers.
+std::vector<int> zero_unit_ids(const std::vector<const PlanEntry*>& entries, const ZeroUnits& units, int stage,
+                               int64_t persistence_threshold);
 
-// The flat layout of tp rank `tp_rank` that ZeroOptimizer builds for `plan`.
+// The flat layout of tp rank `tp_rank` that ZeroOptimizer builds for `plan`
+// (every entry) or for some of its entries (what trains, or the frozen base).
 FlatLayout zero_layout(const TpPlan& plan, int tp_rank, int dp, int stage, int64_t persistence_threshold);
+FlatLayout zero_layout(const std::vector<const PlanEntry*>& entries, const ZeroUnits& units, int tp_rank, int dp,
+                       int stage, int64_t persistence_threshold);
+// The entries of `plan` that train (frozen == false) or not.
+std::vector<const PlanEntry*> plan_entries(const TpPlan& plan, bool frozen);
 
 }  // namespace autotp
