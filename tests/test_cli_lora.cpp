@@ -131,9 +131,9 @@ TEST_F(CliLora, BadLoraInputExitsWith2) {
   r = run_cli(train(cfg, 1, "--steps 1 --lora-target-modules c_attn,c_proj"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("model.layers.0.mlp.down_proj"), std::string::npos) << r.output;
-  r = run_cli(train(cfg, 1, "--steps 1 --lora-dropout 0.1"));
+  r = run_cli(train(cfg, 1, "--steps 1 --lora-dropout 1.5"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("lora_dropout"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--lora-dropout"), std::string::npos) << r.output;
   r = run_cli("eval --model preset:llama-tiny --tokens " + tokens_ + " --out " + dir_ + "/e.json --adapter " +
               AUTOTP_SOURCE_DIR "/tests/data/peft_adapters/llama_qkvo");
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -165,8 +165,15 @@ json lora_train_config(int tp, int stage, int64_t micro, int64_t gas, const std:
            {{"autotp_size", tp},
             {"sequence_parallel", layout.find("sp") != std::string::npos},
             {"tp_overlap_comm", layout.find("overlap") != std::string::npos}}},
+          {"activation_checkpointing", {{"mode", layout.find("ckpt") != std::string::npos ? "full" : "off"}}},
           // B random too (init_lora_weights false): both factors get gradients from step 1.
-          {"lora", {{"r", 4}, {"lora_alpha", 8}, {"target_modules", "all-linear"}, {"init_lora_weights", false}}}};
+          {"lora",
+           {{"r", 4},
+            {"lora_alpha", 8},
+            {"target_modules", "all-linear"},
+            {"init_lora_weights", false},
+            {"lora_dropout", layout.find("drop") != std::string::npos ? 0.1 : 0.0},
+            {"modules_to_save", layout.find("save") != std::string::npos ? json::array({"lm_head"}) : json::array()}}}};
 }
 
 Batch rows_to_batch(const torch::Tensor& rows) {
@@ -201,7 +208,11 @@ AUTOTP_WORKER(lora_train_parity) {
     if (!p.trains()) base[p.name()] = trainer.model().gather(p);
 
   auto single = Topology::single();
-  auto ref_config = TrainConfig::from_json(lora_train_config(1, 0, global, 1, "tp"), "reference");
+  // The same adapters and lora_dropout on one rank with the whole global batch.
+  std::string ref_layout = "tp";
+  for (const char* option : {"drop", "save"})
+    if (layout.find(option) != std::string::npos) ref_layout += std::string("+") + option;
+  auto ref_config = TrainConfig::from_json(lora_train_config(1, 0, global, 1, ref_layout), "reference");
   ref_config.resolve_batch(1);
   Trainer reference(ref_config, single, lora_model(source, ref_config, single->tp()), nullptr, false);
 
@@ -254,7 +265,8 @@ struct LoraCase {
   std::string preset;
   int world, tp, stage;
   int64_t gas;
-  std::string layout = "tp";  // "sp", "overlap", "sp+overlap"
+  std::string layout = "tp";  // "sp", "overlap", "ckpt" (full recompute), "drop" (lora_dropout),
+                              // "save" (modules_to_save lm_head), joined by '+'
   std::string name() const {
     std::string p = preset;
     for (auto& ch : p)
@@ -284,10 +296,15 @@ TEST_P(LoraTrainParity, MatchesSingleRankLora) {
 // Qwen3 (q/k norms), Gemma 3 and Phi-3 (fused qkv / gate_up).
 std::vector<LoraCase> lora_cases() {
   return {{"llama-tiny", 4, 2, 0, 2},          {"llama-tiny", 4, 2, 1, 1},
-          {"llama-tiny", 4, 2, 2, 1, "overlap"}, {"llama-tiny", 4, 2, 3, 2, "sp"},
+          {"llama-tiny", 4, 2, 2, 1, "overlap"}, {"llama-tiny", 4, 2, 3, 2, "sp+ckpt"},
           {"llama-tiny", 2, 1, 3, 1},          {"llama-tiny", 3, 3, 2, 1, "sp+overlap"},
-          {"qwen3-tiny", 4, 4, 1, 1, "sp"},    {"gemma3-tiny", 3, 3, 3, 1},
-          {"phi3-tiny", 4, 4, 2, 1},           {"phi3-tiny", 4, 2, 0, 1, "sp"}};
+          {"qwen3-tiny", 4, 4, 1, 1, "sp"},    {"gemma3-tiny", 3, 3, 3, 1, "ckpt"},
+          {"phi3-tiny", 4, 4, 2, 1},           {"phi3-tiny", 4, 2, 0, 1, "sp"},
+          // lora_dropout: masks from global coordinates, so every layout drops what one rank drops.
+          {"llama-tiny", 4, 2, 1, 2, "drop+sp+overlap"}, {"qwen3-tiny", 3, 3, 3, 1, "drop+ckpt"},
+          {"llama-tiny", 4, 4, 2, 1, "drop+overlap"},
+          // modules_to_save: the vocab-parallel LM head trains in full beside the adapters.
+          {"llama-tiny", 4, 2, 3, 1, "save+sp"}, {"llama-tiny", 3, 3, 1, 1, "save"}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, LoraTrainParity, ::testing::ValuesIn(lora_cases()),
@@ -319,6 +336,41 @@ TEST(Lora, ZeroBStartsAtTheBaseModelsLoss) {
   EXPECT_EQ(with_lora, base);
   // After one step B moved, so the adapter changes the loss.
   EXPECT_NE(lora.train_step({rows_to_batch(rows)}).loss, plain.train_step({rows_to_batch(rows)}).loss);
+}
+
+// bf16: the base stays bf16 and frozen; adapters and modules_to_save train in fp32
+// (cast to bf16 where the forward reads them); model states equal the formula.
+TEST(Lora, Bf16TrainsModulesToSaveInFp32BesideTheFrozenBase) {
+  json config_json = test::preset_config("llama-tiny");
+  std::string dir =
+      test::write_model_dir(test::make_temp_dir("lora_bf16"), config_json, test::reference_random_weights(config_json, 4));
+  auto source = resolve_model(dir);
+  json train = lora_train_config(1, 3, 2, 1, "save");
+  train["bf16"] = {{"enabled", true}};
+  auto config = TrainConfig::from_json(train, "test");
+  config.resolve_batch(1);
+  auto single = Topology::single();
+  auto model = load_model(source, with_lora(TpPlan::build(source.config, {}), config.lora), single->tp(),
+                          torch::kBFloat16, 0);
+  init_lora_weights(*model, config.lora, 7);
+  Trainer trainer(config, single, std::move(model), nullptr, false);
+  trainer.optimizer().gather_all_params();
+  const torch::Tensor head0 = trainer.model().parameter("lm_head.weight").tensor.detach().clone();
+  const torch::Tensor q0 = trainer.model().parameter("model.layers.0.self_attn.q_proj.weight").tensor.detach().clone();
+  EXPECT_EQ(head0.scalar_type(), torch::kFloat32);
+  EXPECT_EQ(q0.scalar_type(), torch::kBFloat16);
+  torch::manual_seed(2);
+  for (int step = 0; step < 2; ++step) {
+    auto rows = torch::randint(0, source.config.vocab_size, {2, kSeq + 1}, torch::kLong);
+    auto m = trainer.train_step({rows_to_batch(rows)});
+    EXPECT_TRUE(std::isfinite(m.loss));
+    EXPECT_EQ(m.model_states.total(), m.model_states_analytic.total())
+        << m.model_states.to_json().dump() << " vs " << m.model_states_analytic.to_json().dump();
+    EXPECT_EQ(m.model_states.master_weights, 0);  // fp32 trained tensors are their own master
+  }
+  trainer.optimizer().gather_all_params();
+  EXPECT_FALSE(torch::equal(trainer.model().parameter("lm_head.weight").tensor.detach(), head0));
+  EXPECT_TRUE(torch::equal(trainer.model().parameter("model.layers.0.self_attn.q_proj.weight").tensor.detach(), q0));
 }
 
 TEST(Lora, PlanPlacesFactorsByTheBaseRole) {

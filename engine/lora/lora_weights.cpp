@@ -45,6 +45,7 @@ LoraConfig read_adapter_config(const std::string& dir) {
 void init_lora_weights(CausalLM& model, const LoraConfig& lora, uint64_t seed) {
   torch::NoGradGuard no_grad;
   model.set_adapter_scaling(lora.scaling());
+  model.set_adapter_dropout(lora.lora_dropout);
   const int rank = model.tp().rank();
   for (auto& p : model.parameters()) {
     if (!p.entry->adapter) continue;

@@ -1,5 +1,7 @@
 #include "autotp/model/causal_lm.h"
 
+#include "autotp/arch/layer_names.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/resource.h>
@@ -245,11 +247,15 @@ CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType 
   sequence_parallel_ = plan_.sequence_parallel();
   TORCH_CHECK(plan_.tp_size() == tp_.size(), "CausalLM: plan is for tp ", plan_.tp_size(), " but the tp group has ",
               tp_.size(), " ranks");
+  bool lora = false;
+  for (const auto& e : plan_.entries()) lora = lora || e.adapter;
   for (const auto& e : plan_.entries()) {
     Parameter p;
     p.entry = &e;
-    // LoRA factors are fp32 whatever the model dtype (PEFT's default), zero until initialised.
-    const auto options = torch::TensorOptions().dtype(e.adapter ? torch::kFloat32 : dtype_).device(device_);
+    // LoRA factors are fp32 whatever the model dtype (PEFT's default), zero until
+    // initialised; so is whatever else trains beside them (one fp32 ZeRO buffer).
+    const bool fp32 = e.adapter || (lora && !e.frozen);
+    const auto options = torch::TensorOptions().dtype(fp32 ? torch::kFloat32 : dtype_).device(device_);
     p.tensor = e.adapter ? torch::zeros(e.spec.local_shape(tp_.rank()), options)
                          : torch::empty(e.spec.local_shape(tp_.rank()), options);
     p.tensor.requires_grad_(!e.frozen);
@@ -271,9 +277,15 @@ const Parameter* CausalLM::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &params_[it->second];
 }
 
+torch::Tensor CausalLM::compute_weight(const Parameter& p) const {
+  // LoRA keeps trained base tensors (modules_to_save, biases) in fp32 beside the
+  // fp32 adapters; the model computes in its dtype (the cast is differentiable).
+  return p.entry->adapter || p.tensor.scalar_type() == dtype_ ? p.tensor : p.tensor.to(dtype_);
+}
+
 torch::Tensor CausalLM::tensor(const std::string& name) const {
   const Parameter* p = find(name);
-  return p ? p->tensor : torch::Tensor();
+  return p ? compute_weight(*p) : torch::Tensor();
 }
 
 void CausalLM::init_random(uint64_t seed) {
@@ -364,10 +376,25 @@ torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x
   // A whole (replicated) layer; split ones go through column_inputs and row_partial.
   const Parameter* w = find(module + ".weight");
   TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
-  torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
+  torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? compute_weight(*w).t() : compute_weight(*w);
   torch::Tensor y = F::linear(x, weight, tensor(module + ".bias"));
   const Parameter* a = find(module + ".lora_A.weight");
-  return a ? with_adapter(module, y, torch::matmul(x.to(torch::kFloat32), a->tensor.t())) : y;
+  if (!a) return y;
+  return with_adapter(module, y, torch::matmul(adapter_input(module, x, nullptr).to(torch::kFloat32), a->tensor.t()));
+}
+
+torch::Tensor CausalLM::adapter_input(const std::string& module, const torch::Tensor& x, const ShardSpec* split_in) {
+  if (!adapter_dropout_on()) return x;
+  const DecoderLayerName name = decoder_layer_name(module);
+  const DropoutSite site = adapter_dropout_site(name.within);
+  if (!split_in) return dropout(x, name.layer, site, adapter_dropout_, {});
+  // A row-parallel input: the whole sequence (a piece of it under tp_overlap_comm's
+  // sequence split), this rank's features of the base's input dim.
+  std::vector<DimRanges> dims;
+  dims.push_back(piece_axis_ == PieceAxis::kSequence ? DimRanges{sequence_length_, {Segment{piece_offset_, x.size(1)}}}
+                                                     : DimRanges{x.size(1), {}});
+  dims.push_back(DimRanges{split_in->global_shape()[1], split_in->segments(tp_.rank())});
+  return dropout(x, name.layer, site, adapter_dropout_, std::move(dims));
 }
 
 torch::Tensor CausalLM::with_adapter(const std::string& module, const torch::Tensor& y, const torch::Tensor& u) {
@@ -400,17 +427,25 @@ std::vector<torch::Tensor> CausalLM::column_inputs(const std::vector<std::string
   std::vector<torch::Tensor> weights;
   for (const auto& m : modules) {
     const Parameter* w = find(m + ".weight");
-    weights.push_back(w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor);
+    weights.push_back(w->entry->desc.kind == ParamKind::kConv1D ? compute_weight(*w).t() : compute_weight(*w));
   }
   // LoRA: each lora_A (replicated) reads the same gathered input, in the same
   // autograd node, so its input gradient joins the base's one reduction.
+  // With lora_dropout each adapter reads its own dropped input: one more node
+  // (and its collectives) per adapter.
+  const ColumnInputOptions options{sequence_parallel_, sequence_sizes_, plan_.overlap_comm()};
   std::vector<size_t> adapted;
+  std::vector<torch::Tensor> dropped_u;
   for (size_t j = 0; j < modules.size(); ++j)
     if (const Parameter* a = find(modules[j] + ".lora_A.weight")) {
       adapted.push_back(j);
-      weights.push_back(a->tensor);
+      if (adapter_dropout_on())
+        dropped_u.push_back(column_parallel_inputs(adapter_input(modules[j], h, nullptr), {a->tensor}, tp_, options).front());
+      else
+        weights.push_back(a->tensor);
     }
-  outputs = column_parallel_inputs(h, weights, tp_, {sequence_parallel_, sequence_sizes_, plan_.overlap_comm()});
+  outputs = column_parallel_inputs(h, weights, tp_, options);
+  for (auto& u : dropped_u) outputs.push_back(std::move(u));
   for (size_t j = 0; j < modules.size(); ++j) {
     torch::Tensor bias = tensor(modules[j] + ".bias");
     if (bias.defined()) outputs[j] = outputs[j] + bias;
@@ -562,7 +597,7 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   const torch::Tensor block_in = enter_block(h_in, split);  // the whole sequence under sequence parallelism
   const torch::Tensor x = block_in.reshape({-1, hidden});
   const Parameter* router = find(block + "gate.weight");
-  torch::Tensor probs = torch::softmax(F::linear(x, router->tensor), -1, torch::kFloat32);  // HF: fp32
+  torch::Tensor probs = torch::softmax(F::linear(x, compute_weight(*router)), -1, torch::kFloat32);  // HF: fp32
   if (router_aux_ && config_.router_aux_loss_enabled() && torch::GradMode::is_enabled() && probs.requires_grad())
     probs = RouterAuxGradient::apply(probs, router_aux_->grad_per_prob, router->entry->partial_grad ? tp_.size() : 1);
   auto [weights, selected] = probs.topk(config_.experts_per_token, -1);
@@ -672,12 +707,16 @@ torch::Tensor CausalLM::row_partial(const std::string& module, const torch::Tens
   const Parameter* w = find(module + ".weight");
   TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
   if (w->entry->role != TpRole::kRow) return linear(module, x);  // a replicated block: the whole output
-  torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? w->tensor.t() : w->tensor;
+  torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? compute_weight(*w).t() : compute_weight(*w);
   torch::Tensor partial = torch::matmul(x, weight.t());
   // LoRA: lora_A is cut like the input, so x_local A_local^T is a partial sum
   // too; B is linear, so its product joins the base's before the one reduction.
   const Parameter* a = find(module + ".lora_A.weight");
-  return a ? with_adapter(module, partial, torch::matmul(x.to(torch::kFloat32), a->tensor.t())) : partial;
+  if (!a) return partial;
+  return with_adapter(module, partial,
+                      torch::matmul(adapter_input(module, x, w->spec().is_replicated() ? nullptr : &w->spec())
+                                        .to(torch::kFloat32),
+                                    a->tensor.t()));
 }
 
 torch::Tensor CausalLM::row_output(const std::string& module, const torch::Tensor& reduced) {
@@ -690,10 +729,10 @@ torch::Tensor CausalLM::embed(const torch::Tensor& ids) {
   const Parameter& e = params_.front();  // the token embedding comes first in every layout
   TORCH_INTERNAL_ASSERT(e.entry->desc.kind == ParamKind::kEmbedding);
   if (!is_split(*e.entry)) {
-    auto x = torch::embedding(e.tensor, ids);
+    auto x = torch::embedding(compute_weight(e), ids);
     return sequence_parallel_ ? scatter_to_tp(x, tp_, 1, sequence_sizes_) : x;
   }
-  return vocab_parallel_embedding(ids, e.tensor, e.spec().segments(tp_.rank()).front().start, tp_,
+  return vocab_parallel_embedding(ids, compute_weight(e), e.spec().segments(tp_.rank()).front().start, tp_,
                                   sequence_parallel_ ? sequence_sizes_ : std::vector<int64_t>{});
 }
 
@@ -710,12 +749,12 @@ torch::Tensor CausalLM::lm_head_logits(const torch::Tensor& hidden) {
   const Parameter& head = head_param(params_, config_.tie_word_embeddings);
   torch::Tensor logits;
   if (is_split(*head.entry))  // vocab-parallel: a column-parallel layer over the vocabulary
-    logits = column_parallel_inputs(hidden, {head.tensor}, tp_,
+    logits = column_parallel_inputs(hidden, {compute_weight(head)}, tp_,
                                     {sequence_parallel_, sequence_sizes_, plan_.overlap_comm()})
                  .front();
   else  // a replicated head's gradient is whole on every rank: under sequence parallelism keep this rank's tokens
     logits = torch::matmul(sequence_parallel_ ? gather_from_tp(hidden, tp_, 1, sequence_sizes_) : hidden,
-                           head.tensor.t());
+                           compute_weight(head).t());
   if (config_.final_softcap > 0)  // Gemma 2, elementwise: each rank caps its vocab slice
     logits = torch::tanh(logits / config_.final_softcap) * config_.final_softcap;
   return logits;
@@ -757,6 +796,9 @@ torch::Tensor CausalLM::hidden_states(const torch::Tensor& input_ids_in) {
                 .unsqueeze(0);
   x = dropout(x, kEmbeddingUse, DropoutSite::kEmbedding, config_.embedding_dropout);
   call_hook(hooks_.after_forward, kEmbeddingUse);
+  // A frozen embedding (LoRA) leaves the stream without a gradient: the layers'
+  // backward hooks and recomputed layers need one (HF's enable_input_require_grads).
+  if (torch::GradMode::is_enabled() && !x.requires_grad()) x = x.detach().requires_grad_(true);
   if (config_.family == ModelFamily::kGpt2) {
     for (int64_t l = 0; l < config_.num_layers; ++l)
       x = run_use(l, x, [this, l](const torch::Tensor& in) { return gpt2_layer(l, in); }, checkpointed(l));

@@ -169,4 +169,10 @@ bool dropout_keeps(const DropoutKey& key, double p, uint64_t global_flat_index) 
   return static_cast<int64_t>(h) >= drop_threshold(p);
 }
 
+DropoutSite adapter_dropout_site(const std::string& module_in_layer) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : module_in_layer) h = (h ^ c) * 16777619u;
+  return static_cast<DropoutSite>(static_cast<int>(DropoutSite::kLoraInput) + 1 + static_cast<int>(h & 0xffffu));
+}
+
 }  // namespace autotp

@@ -34,6 +34,8 @@ struct SimulateArgs {
   std::optional<int> tp, zero;
   int64_t micro_batch = 1, seq_len = 0, gas = 1, reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;
   int64_t allgather_bucket_size = ZeroConfig{}.allgather_bucket_size;
+  int64_t lora_r = 0;
+  std::string lora_targets = "all-linear";
   int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
   std::string recompute = "off";
   std::optional<double> inter_node_bw, host_steal;
@@ -111,6 +113,9 @@ sim::SimLayout layout_from(const SimulateArgs& args, const sim::ClusterSpec& clu
   l.persistence_threshold = args.persistence_threshold;
   l.overlap_comm = args.overlap_comm.value_or(!cluster.calibration);
   l.cuda = !cluster.calibration;
+  AUTOTP_USER_CHECK(args.lora_r >= 0, "--lora-r {} (allowed: >= 1, or 0 for full fine-tuning)", args.lora_r);
+  l.lora_r = args.lora_r;
+  l.lora_targets = args.lora_targets;
   return l;
 }
 
@@ -159,17 +164,19 @@ std::string scenario_markdown(const SimulateArgs& args, const scenario::Simulate
   md += fmt::format("- {} GPUs, sequence length {}, micro-batch {}, gradient accumulation {}, {}, AdamW\n", base.gpus,
                     base.seq_len, base.micro_batch, base.gas, s.base.dtype);
   if (!s.assumptions.empty()) md += fmt::format("- assumptions: {}\n", s.assumptions);
-  md += "\n## Variants\n\n| variant | tp | dp | ZeRO | params | grads | master | optimizer | activations | comm "
-        "buffers | transient grads | optimizer temporaries | peak / GPU (phase) | fits | compute | tp comm "
-        "| ZeRO comm | hidden comm | step | tokens/s | MFU |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "\n## Variants\n\n| variant | tp | dp | ZeRO | LoRA r | frozen base | params | grads | master | optimizer | "
+        "activations | comm buffers | transient grads | optimizer temporaries | peak / GPU (phase) | fits | compute | "
+        "tp comm | ZeRO comm | hidden comm | step | tokens/s | MFU |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < variants.size(); ++i) {
     const auto& r = variants[i];
     const auto& m = r.memory;
     md += fmt::format(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms | {:.0f} "
-        "ms | {:.0f} ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
-        names[i], r.layout.tp, r.layout.dp(), r.layout.zero_stage, sim::format_bytes(m.states.params),
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms "
+        "| {:.0f} ms | {:.0f} ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
+        names[i], r.layout.tp, r.layout.dp(), r.layout.zero_stage,
+        r.layout.lora_r > 0 ? std::to_string(r.layout.lora_r) : std::string("-"),
+        sim::format_bytes(m.states.frozen_params), sim::format_bytes(m.states.params),
         sim::format_bytes(m.states.grads), sim::format_bytes(m.states.master_weights),
         sim::format_bytes(m.states.optimizer_states), sim::format_bytes(m.activations),
         sim::format_bytes(m.comm_buffers), sim::format_bytes(m.transient_grads),
@@ -387,6 +394,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--host-steal", args->host_steal,
                   "cpu-local: share of the CPU the host takes (/proc/stat steal, 0-0.95; default 0, with --measured "
                   "the run's own)");
+  cmd->add_option("--lora-r", args->lora_r, "LoRA rank: the base frozen in --dtype, fp32 adapters train (default 0: full fine-tuning)");
+  cmd->add_option("--lora-targets", args->lora_targets,
+                  "LoRA target_modules: all-linear (default) or comma-separated names (q_proj,k_proj,v_proj,o_proj)");
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->add_flag("--sweep", args->sweep, "Every valid (tp, zero) for --gpus, sorted by tokens/s");
   cmd->add_option("--markdown", args->markdown, "Also write the sweep / scenario report as markdown here");

@@ -258,14 +258,6 @@ void check_lora_run(const TrainConfig& config, const TrainArgs& args) {
                     "--export-hf under LoRA writes the merged model: add --merge-lora (or write the adapter alone "
                     "with --save-adapter DIR)");
   AUTOTP_USER_CHECK(!args.lora.merge_lora || !args.export_hf.empty(), "--merge-lora needs --export-hf DIR");
-  AUTOTP_USER_CHECK(lora.lora_dropout == 0,
-                    "lora.lora_dropout is {} (allowed for training: 0; dropout on the adapter input is not "
-                    "implemented yet)",
-                    lora.lora_dropout);
-  const bool sixteen_bit = config.bf16 || config.fp16.enabled;
-  AUTOTP_USER_CHECK(!sixteen_bit || (lora.modules_to_save.empty() && lora.bias == "none"),
-                    "lora.modules_to_save / lora.bias train base tensors in full, which autotp supports in fp32 "
-                    "training only for now (allowed with bf16 / fp16: modules_to_save empty and bias \"none\")");
 }
 
 void run_train(const TrainArgs& args) {

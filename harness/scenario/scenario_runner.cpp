@@ -1,5 +1,7 @@
 #include "scenario/scenario_runner.h"
 
+#include "autotp/lora/lora_plan.h"
+
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 
 #include "autotp/comm/process_group.h"
 #include "autotp/io/safetensors.h"
+#include "autotp/lora/lora_plan.h"
 #include "autotp/model/presets.h"
 #include "autotp/base/device.h"
 #include "autotp/base/error.h"
@@ -67,25 +70,29 @@ int64_t count_lines(const std::string& path) {
   return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
 }
 
-json state_bytes(const ModelStateBytes& b) {
-  return {{"params", b.params},
-          {"grads", b.grads},
-          {"master_weights", b.master_weights},
-          {"optimizer_states", b.optimizer_states},
-          {"total", b.total()}};
-}
+json state_bytes(const ModelStateBytes& b) { return b.to_json(); }
 
 // The model-state formula of docs/memory.md for every rank of the variant.
 std::vector<ModelStateBytes> analytic_per_rank(const VariantSpec& v, const ModelSpec& model, int world) {
-  const TpPlan plan = TpPlan::build(model.config, v.config.tensor_parallel.plan_options());
+  TpPlan plan = TpPlan::build(model.config, v.config.tensor_parallel.plan_options());
+  const bool lora = v.config.lora.enabled;
+  if (lora) plan = with_lora(std::move(plan), v.config.lora);
   const int tp = plan.tp_size();
   const torch::ScalarType dtype = training_dtype(v.config);
-  const bool fp32_accumulation = dtype != torch::kFloat32 && v.config.gradient_accumulation_steps > 1;
+  // What trains is fp32 under LoRA (the adapters); the frozen base stays in the model dtype.
+  const torch::ScalarType trained = lora ? torch::kFloat32 : dtype;
+  const bool fp32_accumulation = trained != torch::kFloat32 && v.config.gradient_accumulation_steps > 1;
+  const ZeroUnits ids{model.config.num_layers};
+  const int stage = v.config.zero.stage;
+  const int64_t threshold = v.config.zero.stage3_param_persistence_threshold;
   std::vector<ModelStateBytes> out;
   for (int r = 0; r < world; ++r) {
-    const FlatLayout layout = zero_layout(plan, r % tp, world / tp, v.config.zero.stage,
-                                          v.config.zero.stage3_param_persistence_threshold);
-    out.push_back(ZeroOptimizer::analytic_bytes(layout, dtype, v.config.optimizer, fp32_accumulation));
+    const FlatLayout layout = zero_layout(plan_entries(plan, false), ids, r % tp, world / tp, stage, threshold);
+    ModelStateBytes b = ZeroOptimizer::analytic_bytes(layout, trained, v.config.optimizer, fp32_accumulation);
+    if (lora)
+      b.frozen_params = analytic_frozen_bytes(
+          zero_layout(plan_entries(plan, true), ids, r % tp, world / tp, stage, threshold), dtype);
+    out.push_back(b);
   }
   return out;
 }
@@ -361,6 +368,7 @@ class Runner {
       measured.grads = r.at("grads").get<int64_t>();
       measured.master_weights = r.at("master_weights").get<int64_t>();
       measured.optimizer_states = r.at("optimizer_states").get<int64_t>();
+      measured.frozen_params = r.value("frozen_params", int64_t{0});  // LoRA's base
       ranks.push_back({{"rank", rank},
                        {"model_states", state_bytes(measured)},
                        {"analytic", state_bytes(analytic.at(rank))},

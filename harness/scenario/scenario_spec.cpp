@@ -27,7 +27,7 @@ const std::vector<std::string> kTopKeys = {"name",        "description", "model"
                                            "variants",    "sweep",       "checks",   "prompt_template",
                                            "chat_template", "chat_loss", "training_arguments"};
 const std::vector<std::string> kLayoutKeys = {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing",
-                                              "overrides", "model"};
+                                              "overrides", "model", "lora"};
 const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp16"};
 const std::vector<std::string> kCheckTypes = {"loss_agreement", "ratio", "memory_ratio", "model_states_analytic",
                                               "no_failed_runs", "loss_decreases"};
@@ -136,6 +136,9 @@ Layout parse_layout(const Section& o, Layout layout, const std::map<std::string,
   layout.micro_batch = o.integer("micro_batch", layout.micro_batch, 1);
   layout.recompute = read_recompute_mode(o, layout.recompute);
   if (o.has("overrides")) layout.overrides = merged(layout.overrides, o.object("overrides"));
+  // A LoRA variant: the config's "lora" section (PEFT's LoraConfig fields, docs/lora.md).
+  // null: full fine-tuning in a scenario whose baseline trains LoRA.
+  if (o.has("lora")) layout.overrides["lora"] = o.at("lora").is_null() ? json(nullptr) : o.object("lora");
   if (o.has("model")) {
     layout.model = o.string("model", "");
     if (!models.count(layout.model)) {
@@ -171,7 +174,8 @@ std::string layout_summary(const Layout& l) {
   return fmt::format("tp {}{}{} ZeRO-{} {}{}{}", l.tp, flag("sequence_parallel") ? " + sequence parallel" : "",
                      flag("tp_overlap_comm") ? " + tp overlap" : "", l.zero_stage, l.dtype,
                      l.micro_batch ? fmt::format(" micro-batch {}", l.micro_batch) : "",
-                     l.recompute == "off" ? "" : " " + l.recompute + " recomputation");
+                     l.recompute == "off" ? "" : " " + l.recompute + " recomputation") +
+         (l.overrides.contains("lora") && l.overrides["lora"].is_object() ? fmt::format(" LoRA r {}", l.overrides["lora"].value("r", 8)) : "");
 }
 
 bool is_auto_value(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
@@ -553,7 +557,7 @@ void read_sweep(const Section& top, ScenarioSpec& s, Expander& expander, const B
   if (!top.has("sweep")) return;
   const json& sweep = top.at("sweep");
   Section o(sweep, "sweep", s.file, {"tp", "zero_stage", "dtype", "micro_batch", "activation_checkpointing", "model",
-                                     "overrides", "exclude"});
+                                     "overrides", "lora", "exclude"});
   auto axis = [&](const char* key, const json& fallback) {
     if (!sweep.contains(key)) return json::array({fallback});
     if (!sweep[key].is_array() || sweep[key].empty()) o.fail("{} must be a non-empty array", o.where(key));
@@ -576,6 +580,7 @@ void read_sweep(const Section& top, ScenarioSpec& s, Expander& expander, const B
               json point = {{"tp", tp}, {"zero_stage", stage}, {"dtype", dtype}, {"micro_batch", micro},
                             {"activation_checkpointing", ac}, {"model", model}};
               if (sweep.contains("overrides")) point["overrides"] = o.object("overrides");
+              if (sweep.contains("lora")) point["lora"] = o.object("lora");  // every point trains LoRA
               if (micro == 0) point.erase("micro_batch");
               add_sweep_point(point, sweep, excludes, s, expander, baselines);
             }

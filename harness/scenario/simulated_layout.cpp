@@ -18,7 +18,7 @@ using nlohmann::json;
 
 const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp16"};
 // A variant of a simulate-only file: the rest of its layout is the top level's.
-const std::vector<std::string> kSimulateOnlyVariantKeys = {"name", "tp", "zero_stage"};
+const std::vector<std::string> kSimulateOnlyVariantKeys = {"name", "tp", "zero_stage", "lora_r", "lora_targets"};
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 bool is_catalog_name(const std::string& name) {
@@ -110,7 +110,7 @@ const std::vector<std::string>& simulated_layout_keys() {
   static const std::vector<std::string> keys = {"model",   "cluster",     "calibration", "gpus",
                                                 "tp",      "zero_stage",  "seq_len",     "micro_batch",
                                                 "gas",     "dtype",       "activation_checkpointing",
-                                                "overlap_comm"};
+                                                "overlap_comm", "lora_r",  "lora_targets"};
   return keys;
 }
 
@@ -127,6 +127,8 @@ sim::SimLayout SimulatedLayout::sim_layout(const sim::ClusterSpec& cluster) cons
   l.selective_recompute = recompute == "selective";
   l.overlap_comm = overlap_comm.value_or(!cluster.calibration);
   l.cuda = !cluster.calibration;
+  l.lora_r = lora_r;
+  l.lora_targets = lora_targets;
   return l;
 }
 
@@ -143,6 +145,7 @@ std::vector<std::string> SimulatedLayout::simulate_args() const {
                                    "--recompute",   recompute};
   if (overlap_comm) args.insert(args.end(), {"--overlap-comm", *overlap_comm ? "true" : "false"});
   if (!calibration.empty()) args.insert(args.end(), {"--calibration", calibration});
+  if (lora_r > 0) args.insert(args.end(), {"--lora-r", std::to_string(lora_r), "--lora-targets", lora_targets});
   return args;
 }
 
@@ -160,6 +163,7 @@ json SimulatedLayout::to_json() const {
   j["dtype"] = dtype;
   j["activation_checkpointing"] = recompute;
   if (overlap_comm) j["overlap_comm"] = *overlap_comm;
+  if (lora_r > 0) j["lora_r"] = lora_r, j["lora_targets"] = lora_targets;
   return j;
 }
 
@@ -209,6 +213,10 @@ SimulatedLayout read_simulated_layout(const JsonSection& o, SimulatedLayout l, c
           fmt::format("{}", fmt::join(kDtypes, ", ")));
   l.recompute = read_recompute_mode(o, l.recompute);
   if (o.has("overlap_comm")) l.overlap_comm = o.boolean("overlap_comm", true);
+  l.lora_r = bounded(o, "lora_r", l.lora_r, 0, std::numeric_limits<int64_t>::max(),
+                     "an integer >= 0 (the LoRA rank; 0 = full fine-tuning)");
+  l.lora_targets = o.string("lora_targets", l.lora_targets);
+  o.check(!l.lora_targets.empty(), "lora_targets", "\"all-linear\" or comma-separated module names");
   return l;
 }
 

@@ -36,6 +36,8 @@ struct SimulatedLayout {
   std::string dtype = "bf16";        // fp32 | bf16 | fp16
   std::string recompute = "off";     // "activation_checkpointing": off | selective | full (true = full)
   std::optional<bool> overlap_comm;  // unset: as the engine (on for the GPU clusters, off on cpu-local)
+  int64_t lora_r = 0;                // LoRA rank (0: full fine-tuning); docs/lora.md
+  std::string lora_targets = "all-linear";  // LoRA target_modules: all-linear or comma-separated names
 
   // The simulator's layout on `cluster` (unset overlap_comm follows the cluster, as the engine does).
   sim::SimLayout sim_layout(const sim::ClusterSpec& cluster) const;
@@ -46,7 +48,7 @@ struct SimulatedLayout {
 };
 
 // Every key of a simulated layout: model, cluster, calibration, gpus, tp, zero_stage,
-// seq_len, micro_batch, gas, dtype, activation_checkpointing, overlap_comm.
+// seq_len, micro_batch, gas, dtype, activation_checkpointing, overlap_comm, lora_r, lora_targets.
 const std::vector<std::string>& simulated_layout_keys();
 
 // Reads the layout keys `o` gives over `defaults`: types, ranges, the cluster's

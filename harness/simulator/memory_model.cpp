@@ -1,8 +1,48 @@
 #include "simulator/memory_model.h"
 
+#include <sstream>
+
+#include "autotp/arch/layer_names.h"
+#include "autotp/lora/lora_plan.h"
 #include "autotp/optim/grad_norm.h"
 
 namespace autotp::sim {
+
+LoraConfig layout_lora(const SimLayout& layout) {
+  LoraConfig lora;
+  lora.enabled = layout.lora_r > 0;
+  lora.r = std::max<int64_t>(1, layout.lora_r);
+  lora.lora_alpha = 2.0 * static_cast<double>(lora.r);
+  if (layout.lora_targets == "all-linear") {
+    lora.all_linear = true;
+  } else {
+    std::stringstream names(layout.lora_targets);
+    for (std::string name; std::getline(names, name, ',');)
+      if (!name.empty()) lora.target_modules.push_back(name);
+  }
+  return lora;
+}
+
+TpPlan layout_plan(const ModelConfig& config, const SimLayout& layout) {
+  TpPlan plan = build_plan(config, layout.tp, layout.sequence_parallel);
+  return layout.lora_r > 0 ? with_lora(std::move(plan), layout_lora(layout)) : plan;
+}
+
+std::set<std::string> lora_layer_modules(const ModelConfig& config, const SimLayout& layout) {
+  std::set<std::string> out;
+  if (layout.lora_r <= 0) return out;
+  const TpPlan plan = layout_plan(config, layout);
+  for (const auto& e : plan.entries()) {
+    const DecoderLayerName n = decoder_layer_name(e.desc.name);
+    const std::string suffix = ".lora_A.weight";
+    if (!e.adapter || n.layer != 0 || n.within.size() < suffix.size() ||
+        n.within.compare(n.within.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    out.insert(n.within.substr(0, n.within.size() - suffix.size()));
+  }
+  return out;
+}
+
 namespace {
 
 struct ActivationParts {
@@ -77,6 +117,17 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // Token ids, rotary cos / sin, final norm.
     p.outer = BT * 8 + 2 * a * T * D + norm + gemma_norm_extra;
   }
+  if (l.lora_r > 0) {
+    // LoRA: each adapter keeps u = x A^T [BT, r] (fp32, for B's gradient); where x
+    // is not the column block's shared input (row-parallel and replicated bases)
+    // also its fp32 copy of x (for A's gradient). Nothing trains in the LM head.
+    const std::set<std::string> adapted = lora_layer_modules(c, l);
+    for (const auto& lin : s.layer_linears) {
+      if (!adapted.count(lin.name)) continue;
+      p.recomputed += 4 * BT * l.lora_r + (lin.row ? 4 * BT * lin.in : 0);
+    }
+    p.per_layer = p.recomputed;
+  }
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
   if (l.selective_recompute && !l.activation_checkpointing) {
     // The attention core keeps only q, k, v (already counted); what it saved (the fused
@@ -92,7 +143,7 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   // The softmax is computed in place in the shifted logits (one fp32 buffer, saved).
   p.head_forward = a * BT * V /*logits*/ + (f32 ? 0 : 4 * BT * V) /*fp32 copy*/ + ce_saved;
   if (c.final_softcap > 0) p.head_forward += 2 * a * BT * V;  // logits / cap and tanh's kept output
-  p.head_backward = ce_saved + (f32 ? 0 : a * BT * V) + a * BTH + a * V * H /*LM-head weight gradient*/;
+  p.head_backward = ce_saved + (f32 ? 0 : a * BT * V) + a * BTH + (l.lora_r > 0 ? 0 : a * V * H) /*LM-head weight gradient*/;
   return p;
 }
 
@@ -149,9 +200,12 @@ struct ForwardBackwardMoments {
 // prefetched; stages 2-3 reduce a unit when its backward ends, with
 // overlap_comm behind the next unit's backward (its bucket and reduced slice
 // in flight meanwhile; completed before the next bucket is filled).
+// `u`: the units gathered (everything at stage 3, the frozen base included);
+// `r`: the units whose gradients are reduced, `ra` bytes per element (LoRA: the
+// fp32 adapters; otherwise the same units in the model dtype).
 ForwardBackwardMoments forward_backward_moments(const ModelConfig& config, const SimLayout& layout,
                                                 const ActivationParts& p, const ActivationLevels& v,
-                                                const UnitLengths& u) {
+                                                const UnitLengths& u, const UnitLengths& r, int64_t ra) {
   const int dp = layout.dp();
   const int stage = layout.zero_stage;
   const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
@@ -160,35 +214,35 @@ ForwardBackwardMoments forward_backward_moments(const ModelConfig& config, const
   const bool overlap = layout.overlap_comm && dp > 1;
   auto held = [&](int64_t n) { return sharded ? a * n : 0; };
   auto ahead = [&](int64_t n) { return sharded && overlap ? a * n : 0; };
-  auto in_flight = [&](int64_t n) { return reduces && overlap ? a * n + 4 * n / dp : 0; };
+  auto in_flight = [&](int64_t n) { return reduces && overlap ? ra * n + 4 * n / dp : 0; };
   // A unit's reduction: its gradients, their contiguous copy (not for a
   // one-tensor unit: its gradient is the bucket) and the reduced slice (fp32).
   auto reduction = [&](int64_t n, bool one_tensor) {
-    return reduces ? (one_tensor ? 1 : 2) * a * n + 4 * n / dp : 0;
+    return reduces ? (one_tensor ? 1 : 2) * ra * n + 4 * n / dp : 0;
   };
   const bool embed_alone = config.family != ModelFamily::kGpt2;
   const bool head_alone =
       stage == 3 && config.family != ModelFamily::kGpt2 && layout.persistence_threshold > config.hidden_size;
-  const int64_t kept = v.kept, max_layer = u.max_layer, head = u.head;
+  const int64_t kept = v.kept, max_layer = u.max_layer;
   // The head's backward prefetches the last layer; the last layer's forward the head.
   const int64_t head_moment =
       std::max(kept + p.head_forward, kept + p.head_backward + ahead(max_layer)) + held(u.head_use);
   // In the first layer backward the head's reduction is in flight; in the later
   // ones a layer's, with one layer's activations fewer.
   const int64_t layer_moment = std::max(
-      {v.layer_peak + held(max_layer) + ahead(max_layer) + in_flight(config.tie_word_embeddings ? 0 : head),
-       v.layer_peak - v.one_layer + held(max_layer) + ahead(max_layer) + in_flight(max_layer),
+      {v.layer_peak + held(max_layer) + ahead(max_layer) + in_flight(config.tie_word_embeddings ? 0 : r.head),
+       v.layer_peak - v.one_layer + held(max_layer) + ahead(max_layer) + in_flight(r.max_layer),
        kept + held(max_layer) + ahead(u.head_use)});
   // A unit is released before its gradients are reduced, once its backward is
   // done (a layer's own activations are gone by then).
-  const int64_t layer_reduce = kept - v.one_layer + reduction(max_layer, false) + ahead(max_layer);
+  const int64_t layer_reduce = kept - v.one_layer + reduction(r.max_layer, false) + ahead(max_layer);
   // The head's backward has prefetched the last layer by the time its gradients are reduced.
   const int64_t head_reduce =
-      config.tie_word_embeddings ? 0 : kept + reduction(head, head_alone) + ahead(max_layer);
-  const int64_t embed_reduce = p.outer + reduction(u.embed, embed_alone);  // the backward's end
+      config.tie_word_embeddings ? 0 : kept + reduction(r.head, head_alone) + ahead(max_layer);
+  const int64_t embed_reduce = p.outer + reduction(r.embed, embed_alone);  // the backward's end
   ForwardBackwardMoments fb;
   fb.peak = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce});
-  fb.transient_grads = reduces ? reduction(std::max({max_layer, head, u.embed}), false) : 0;
+  fb.transient_grads = reduces ? reduction(std::max({r.max_layer, r.head, r.embed}), false) : 0;
   fb.gathered =
       sharded ? a * std::max({max_layer, u.head_use, u.embed}) + ahead(std::max(max_layer, u.head_use)) : 0;
   return fb;
@@ -235,7 +289,7 @@ OptimizerMoments optimizer_moments(const SimLayout& layout, int64_t part, const 
 }  // namespace
 
 nlohmann::json MemoryEstimate::to_json() const {
-  return {{"params", states.params},
+  nlohmann::json j = {{"params", states.params},
           {"grads", states.grads},
           {"master_weights", states.master_weights},
           {"optimizer_states", states.optimizer_states},
@@ -248,6 +302,8 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"forward_backward_peak", forward_backward_peak},
           {"optimizer_peak", optimizer_peak},
           {"peak_phase", peak_phase}};
+  if (states.frozen_params > 0) j["frozen_params"] = states.frozen_params;  // LoRA's base
+  return j;
 }
 
 int64_t saved_activation_bytes(const ModelConfig& config, const RankShape& shape, const SimLayout& layout) {
@@ -258,12 +314,32 @@ int64_t saved_activation_bytes(const ModelConfig& config, const RankShape& shape
 
 MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape, const SimLayout& layout) {
   MemoryEstimate m;
-  const bool accumulate32 = layout.dtype != torch::kFloat32 && layout.gas > 1;
-  // The engine's flat layout: units cut over dp (flat_layout.h, zero_units.h).
-  const FlatLayout flat = zero_layout(build_plan(config, layout.tp), shape.tp_rank, layout.dp(),
-                                      layout.zero_stage, layout.persistence_threshold);
-  m.states = ZeroOptimizer::analytic_bytes(flat, layout.dtype, layout.optimizer, accumulate32);
-  const UnitLengths units = unit_lengths(config, flat);
+  // What trains is held in fp32 under LoRA (the adapters), else in the model dtype.
+  const torch::ScalarType trained_dtype = layout.lora_r > 0 ? torch::kFloat32 : layout.dtype;
+  const bool accumulate32 = trained_dtype != torch::kFloat32 && layout.gas > 1;
+  // The engine's flat layouts: units cut over dp (flat_layout.h, zero_units.h), of
+  // what trains and (LoRA) of the frozen base.
+  const TpPlan plan = layout_plan(config, layout);
+  const ZeroUnits ids{config.num_layers};
+  const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, shape.tp_rank, layout.dp(), layout.zero_stage,
+                                      layout.persistence_threshold);
+  m.states = ZeroOptimizer::analytic_bytes(flat, trained_dtype, layout.optimizer, accumulate32);
+  const UnitLengths reduced = unit_lengths(config, flat);
+  UnitLengths units = reduced;
+  if (layout.lora_r > 0) {
+    const FlatLayout frozen = zero_layout(plan_entries(plan, true), ids, shape.tp_rank, layout.dp(),
+                                          layout.zero_stage, layout.persistence_threshold);
+    m.states.frozen_params = analytic_frozen_bytes(frozen, layout.dtype);
+    // Stage 3 gathers a unit's frozen base and adapters together (in their dtypes:
+    // counted in model-dtype elements of the same bytes).
+    const UnitLengths base = unit_lengths(config, frozen);
+    const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
+    auto in_model_dtype = [&](int64_t trained_elements) { return trained_elements * 4 / a; };
+    units.max_layer = base.max_layer + in_model_dtype(reduced.max_layer);
+    units.embed = base.embed + in_model_dtype(reduced.embed);
+    units.head = base.head + in_model_dtype(reduced.head);
+    units.head_use = base.head_use + in_model_dtype(reduced.head_use);
+  }
 
   // Activations of one micro-batch at its highest point.
   const ActivationParts p = activation_parts(config, shape, layout);
@@ -271,10 +347,13 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const int64_t data = 2 * 8 * layout.micro_batch * layout.seq_len * layout.gas;  // input ids + labels
   m.activations = levels.peak + data;
 
-  const ForwardBackwardMoments fb = forward_backward_moments(config, layout, p, levels, units);
+  const ForwardBackwardMoments fb = forward_backward_moments(
+      config, layout, p, levels, units, reduced, static_cast<int64_t>(c10::elementSize(trained_dtype)));
   m.forward_backward_peak = m.states.total() + fb.peak + data;
 
-  const OptimizerMoments optimizer = optimizer_moments(layout, flat.part, units, accumulate32);
+  SimLayout trained = layout;
+  trained.dtype = trained_dtype;  // the optimizer phase works on what trains
+  const OptimizerMoments optimizer = optimizer_moments(trained, flat.part, reduced, accumulate32);
   const int64_t base = m.states.total() + data;
   m.optimizer_peak = base + std::max(optimizer.temporaries, optimizer.unit_comm);
 

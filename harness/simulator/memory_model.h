@@ -12,9 +12,11 @@
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "autotp/arch/model_config.h"
+#include "autotp/lora/lora_config.h"
 #include "autotp/runtime/train_config.h"
 #include "autotp/zero/zero_optimizer.h"
 #include "autotp/zero/zero_units.h"
@@ -39,11 +41,23 @@ struct SimLayout {
   int64_t persistence_threshold = ZeroConfig{}.stage3_param_persistence_threshold;
   bool overlap_comm = true;  // ZeRO collectives behind compute, stage 3 prefetches a layer (the engine on CUDA)
   bool cuda = true;          // the engine trains on GPUs (false: cpu-local); sizes the grad-norm chunk
+  // LoRA (docs/lora.md): rank r > 0 turns it on; the targets as lora.target_modules
+  // ("all-linear", or comma-separated names). The base is frozen in `dtype`, the
+  // adapters train in fp32.
+  int64_t lora_r = 0;
+  std::string lora_targets = "all-linear";
   int dp() const { return gpus / tp; }
   bool recompute() const { return activation_checkpointing; }
   // Tokens of a sequence the busiest rank holds between blocks (sequence_shard_sizes).
   int64_t stream_tokens() const { return sequence_parallel && tp > 1 ? (seq_len + tp - 1) / tp : seq_len; }
 };
+
+// The LoRA config of a layout with lora_r > 0 (lora_alpha = 2 r: the scale is irrelevant to cost).
+LoraConfig layout_lora(const SimLayout& layout);
+// The plan the engine trains on: build_plan, with the LoRA factors when the layout has them.
+TpPlan layout_plan(const ModelConfig& config, const SimLayout& layout);
+// LoRA: the adapted linears of decoder layer 0, by their name inside the layer ("self_attn.q_proj").
+std::set<std::string> lora_layer_modules(const ModelConfig& config, const SimLayout& layout);
 
 struct MemoryEstimate {
   ModelStateBytes states;          // between steps (the engine's formula)

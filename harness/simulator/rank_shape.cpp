@@ -36,6 +36,7 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
     const int64_t n = e.spec.local_numel(tp_rank);
     const FlatRange range{s.local_numel, s.local_numel + n};
     s.local_numel += n;
+    if (!e.frozen) s.trained_numel += n;
     ++s.tensors;
     const DecoderLayerName in_layer = decoder_layer_name(e.desc.name);
     if (const int64_t layer = in_layer.layer; layer >= 0) {
@@ -48,6 +49,9 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
       ++s.outer_tensors;
       s.outer_ranges.push_back(range);
     }
+    if ((e.desc.kind == ParamKind::kLmHead || (config.tie_word_embeddings && e.desc.kind == ParamKind::kEmbedding)) &&
+        e.frozen)
+      s.head_trains = false;
     if (e.desc.kind == ParamKind::kEmbedding || e.desc.kind == ParamKind::kLmHead) {
       if (e.role == TpRole::kVocab) s.vocab_split = true;
       if (e.desc.kind == ParamKind::kLmHead || config.tie_word_embeddings) s.local_vocab = e.spec.local_extent(tp_rank);
@@ -61,6 +65,7 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
       l.in = shape[e.desc.in_dim()];
       l.out = shape[e.desc.out_dim()];
       l.row = e.role == TpRole::kRow;
+      l.frozen = e.frozen;
       const bool expert = e.desc.axes[0] == Axis::kExpertIntermediate || e.desc.axes[1] == Axis::kExpertIntermediate;
       if (expert) l.token_share = static_cast<double>(config.experts_per_token) / config.num_experts;
       s.layer_linears.push_back(l);

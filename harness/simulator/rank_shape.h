@@ -19,6 +19,7 @@ struct LocalLinear {
   int64_t in = 0, out = 0; // local input / output features of this rank
   bool row = false;        // row-parallel: all-reduce of the output in the forward
   double token_share = 1;  // of the batch's tokens it sees: an expert's experts_per_token / num_experts on average
+  bool frozen = false;     // LoRA's base: no weight-gradient GEMM
 };
 
 // A span [begin, end) of the rank's flat parameter buffer (plan order, as the ZeRO optimizer lays it out).
@@ -29,6 +30,8 @@ struct FlatRange {
 struct RankShape {
   int tp = 1, tp_rank = 0;
   int64_t local_numel = 0;                // every parameter's ShardSpec::local_numel, summed (Psi)
+  int64_t trained_numel = 0;              // of them, what trains (all but LoRA's frozen base)
+  bool head_trains = true;                // the LM head's weight gradient is computed
   std::vector<int64_t> layer_numel;       // per decoder layer
   int64_t outer_numel = 0;                // embeddings, final norm, LM head
   int64_t outer_tensors = 0;              // how many parameters are outside the layers

@@ -81,7 +81,7 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
   r.parameters = count_parameters(model.config);
   r.cluster = cluster.name;
   r.layout = layout;
-  const TpPlan plan = build_plan(model.config, layout.tp, layout.sequence_parallel);
+  const TpPlan plan = layout_plan(model.config, layout);  // with LoRA's factors when asked
   for (int rank = 0; rank < layout.tp; ++rank) {
     const RankShape shape = rank_shape(model.config, plan, rank);
     MemoryEstimate m = estimate_memory(model.config, shape, layout);

@@ -3,6 +3,7 @@
 #include "autotp/tp/tp_traffic.h"
 #include "autotp/zero/zero_traffic.h"
 #include "autotp/zero/zero_units.h"
+#include "simulator/memory_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -156,7 +157,7 @@ std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, 
     const int64_t M = std::max<int64_t>(1, std::llround(static_cast<double>(BT) * lin.token_share));
     g.push_back({{M, lin.in, lin.out, 1}, layers * forwards});
     g.push_back({{M, lin.out, lin.in, 1}, layers});  // input gradient
-    g.push_back({{lin.out, M, lin.in, 1}, layers});  // weight gradient
+    if (!lin.frozen) g.push_back({{lin.out, M, lin.in, 1}, layers});  // weight gradient (none for LoRA's base)
   }
   const int64_t bh = l.micro_batch * s.local_heads;
   g.push_back({{T, D, T, bh}, layers * forwards});  // scores = q k^T
@@ -165,7 +166,7 @@ std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, 
   g.push_back({{T, D, T, bh}, layers});             // dprobs
   g.push_back({{BT, s.hidden, s.local_vocab, 1}, 1});  // LM head
   g.push_back({{BT, s.local_vocab, s.hidden, 1}, 1});
-  g.push_back({{s.local_vocab, BT, s.hidden, 1}, 1});
+  if (s.head_trains) g.push_back({{s.local_vocab, BT, s.hidden, 1}, 1});
   return g;
 }
 
@@ -197,8 +198,9 @@ double micro_batch_elementwise_s(const ModelConfig& config, const RankShape& s, 
   if (l.recompute()) micro += L * sum_ops(ops, e, false);
   micro += e.fb(BTH, s.vocab_split ? 3 : 1) + e.fb(BTH, s.gpt2 ? 2 : 4);  // embedding (+ masks), final norm
   micro += e.fwd(BTV, 6) + e.fwd(static_cast<double>(BT), 10) + e.fwd(BTV, 3);  // cross-entropy fwd / bwd
-  micro += e.fwd(static_cast<double>(s.local_numel), 1) + s.tensors * e.forward.latency_s;  // grad accumulation
-  if (sixteen) micro += e.fwd(static_cast<double>(s.local_numel), 2);  // fp32 accumulator add + zero
+  micro += e.fwd(static_cast<double>(s.trained_numel), 1) + s.tensors * e.forward.latency_s;  // grad accumulation
+  if (sixteen && s.trained_numel == s.local_numel)
+    micro += e.fwd(static_cast<double>(s.local_numel), 2);  // fp32 accumulator add + zero (LoRA: fp32 already)
   // Measured dispatch / autograd overhead of each layer's ops (cpu-local), a third more when recomputed.
   if (c.calibration) {
     auto at_tp = c.calibration->layer_overhead_by_tp.find(l.tp);
@@ -214,7 +216,7 @@ double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSp
   const bool sixteen = l.dtype != torch::kFloat32;
   const int64_t a = element_bytes(l);
   const int dp = l.dp(), stage = l.zero_stage;
-  const int64_t P = (s.local_numel + dp - 1) / dp * dp;
+  const int64_t P = (s.trained_numel + dp - 1) / dp * dp;  // what trains (LoRA: the adapters)
   const double part = static_cast<double>(stage == 0 ? P : P / dp);
   const double update = c.calibration && c.calibration->optimizer_step
                             ? c.calibration->optimizer_step->seconds(part)  // measured on this machine
@@ -222,7 +224,7 @@ double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSp
                                   + e.fwd(part, 10);  // clip + AdamW (decay, two moments, sqrt, div, add, update)
   return e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
          + update
-         + (sixteen ? e.fwd(part, 1) : 0)      // master weights back to 16 bits
+         + (sixteen && s.trained_numel == s.local_numel ? e.fwd(part, 1) : 0)  // master weights back to 16 bits
          + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
          + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
 }
@@ -311,16 +313,34 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
     // (ranks time-sharing cores arrive apart and wake late), measured per group size.
     const double after_compute = c.calibration ? at_group(c.calibration->step_collective_extra_s, dp) : 0;
     const double between_layers = c.calibration ? at_group(c.calibration->layer_gather_extra_s, dp) : 0;
-    const FlatLayout flat = zero_layout(build_plan(config, l.tp), s.tp_rank, dp, stage, l.persistence_threshold);
-    const ZeroStepShape zs = zero_step_shape(config, l);
-    for (const auto& z : zero_step_collectives(flat, zs)) {
+    // The collectives of what trains (LoRA: the fp32 adapters); stage 3 also gathers the frozen base.
+    const TpPlan plan = layout_plan(config, l);
+    const ZeroUnits ids{config.num_layers};
+    const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, s.tp_rank, dp, stage, l.persistence_threshold);
+    ZeroStepShape zs = zero_step_shape(config, l);
+    std::vector<ZeroCollective> collectives;
+    if (l.lora_r > 0) {
+      ZeroStepShape trained = zs;
+      trained.element_bytes = 4;
+      trained.fp32_accumulation = false;
+      collectives = zero_step_collectives(flat, trained);
+      if (stage == 3) {
+        const FlatLayout frozen =
+            zero_layout(plan_entries(plan, true), ids, s.tp_rank, dp, stage, l.persistence_threshold);
+        for (const auto& z : zero_step_collectives(frozen, zs))
+          if (z.op == ZeroCollective::Op::kAllGather) collectives.push_back(z);
+      }
+    } else {
+      collectives = zero_step_collectives(flat, zs);
+    }
+    for (const auto& z : collectives) {
       CollectiveOp op = z.op == ZeroCollective::Op::kAllGather   ? CollectiveOp::kAllGather
                         : z.op == ZeroCollective::Op::kAllReduce ? CollectiveOp::kAllReduce
                         : c.native_reduce_scatter                ? CollectiveOp::kReduceScatter
                                                                  : CollectiveOp::kAllReduce;
       // An all-reduce of 16-bit gradients moves fp32 where the backend sums in fp32.
       const double widen = op == CollectiveOp::kAllReduce && c.reduce_16bit_as_fp32 && zs.element_bytes == 2 &&
-                                   !(zs.fp32_accumulation && stage <= 1)
+                                   l.lora_r == 0 && !(zs.fp32_accumulation && stage <= 1)
                                ? 2.0
                                : 1.0;
       const double seconds =
@@ -379,6 +399,9 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
   const int64_t BT = l.micro_batch * l.seq_len;
   const double gas = static_cast<double>(l.gas);
   t.model_flops = model_flops_per_token(config, l.seq_len) * static_cast<double>(BT) * gas * l.dp();
+  // LoRA: no weight gradients for the frozen base, so its model FLOPs are the
+  // forward and the input gradients, 4 of full fine-tuning's 6 per parameter and token.
+  if (l.lora_r > 0) t.model_flops *= 4.0 / 6.0;
   return t;
 }
 

@@ -23,7 +23,7 @@ LoraConfig read_adapter_config(const std::string& dir);
 // Initialises every LoRA factor as PEFT does (init_lora_weights): A
 // Kaiming-uniform (bound 1 / sqrt(in)), or normal(0, 1 / r) for "gaussian"; B
 // zeros, or Kaiming-uniform (bound 1 / sqrt(r)) for false. Seeded by `seed` and
-// the factor's name. Also sets the model's adapter scaling.
+// the factor's name. Also sets the model's adapter scaling and lora_dropout.
 void init_lora_weights(CausalLM& model, const LoraConfig& lora, uint64_t seed);
 
 // Reads a PEFT adapter's tensors into this rank's shards of the model's trained

@@ -90,6 +90,9 @@ class CausalLM : public ShardedModel {
   // (or / sqrt(r) with rslora). Adapters are applied wherever the plan has them.
   void set_adapter_scaling(double scaling) { adapter_scaling_ = scaling; }
   double adapter_scaling() const { return adapter_scaling_; }
+  // lora_dropout: dropout on each adapter's input while training (set_dropout), a
+  // mask of its own per module (adapter_dropout_site), drawn from global coordinates.
+  void set_adapter_dropout(double p) { adapter_dropout_ = p; }
   // Dropout (the config's probabilities) for the forwards that follow, until
   // reset; none (evaluation) by default. Keep it set through the micro-batch's
   // backward: recomputed layers draw their masks again from it.
@@ -137,6 +140,11 @@ class CausalLM : public ShardedModel {
   torch::Tensor linear(const std::string& module, const torch::Tensor& x);
   // y plus the module's LoRA output from u = x A^T: (u B^T) * scaling in fp32, back in y's dtype.
   torch::Tensor with_adapter(const std::string& module, const torch::Tensor& y, const torch::Tensor& u);
+  // The adapter's input: x with lora_dropout applied when training. `split_in`: the
+  // global ranges of x's last dim on this rank (a row-parallel layer's input), or
+  // null when x's last dim is whole (and its tokens are as the block input's).
+  torch::Tensor adapter_input(const std::string& module, const torch::Tensor& x, const ShardSpec* split_in);
+  bool adapter_dropout_on() const { return dropout_.has_value() && adapter_dropout_ > 0; }
   // A block's input: copied into the tp region (split block), all-gathered along the
   // sequence under sequence parallelism, or as it is (replicated block).
   torch::Tensor enter_block(const torch::Tensor& h, bool split);
@@ -156,6 +164,9 @@ class CausalLM : public ShardedModel {
   torch::Tensor lm_head_logits(const torch::Tensor& hidden);
   const Parameter* find(const std::string& name) const;
   torch::Tensor tensor(const std::string& name) const;
+  // A parameter as the forward reads it: in the model dtype (LoRA's fp32 trained
+  // base tensors cast; adapters as they are).
+  torch::Tensor compute_weight(const Parameter& p) const;
   // Runs fn on x as use `use` (hooks around it; recomputed in the backward when `checkpoint`).
   torch::Tensor run_use(int64_t use, const torch::Tensor& x, std::function<torch::Tensor(const torch::Tensor&)> fn,
                         bool checkpoint);
@@ -173,6 +184,7 @@ class CausalLM : public ShardedModel {
   std::vector<bool> checkpoint_layers_;
   bool selective_recompute_ = false;
   double adapter_scaling_ = 1;
+  double adapter_dropout_ = 0;
   std::optional<DropoutContext> dropout_;
   // The routing of the current forward (per sparse layer) and the gradient the
   // load-balancing loss adds to its router probabilities.

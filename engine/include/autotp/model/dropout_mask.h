@@ -24,14 +24,18 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "autotp/tp/shard_spec.h"
 
 namespace autotp {
 
-// What a dropout mask is drawn for.
-enum class DropoutSite : int { kEmbedding = 1, kAttentionProbs = 2, kAttentionOutput = 3, kMlpOutput = 4 };
+// What a dropout mask is drawn for. LoRA's adapter inputs use
+// adapter_dropout_site(module): kLoraInput + 1 + (FNV-1a 32 of the module's name
+// inside its layer, e.g. "self_attn.q_proj", mod 2^16).
+enum class DropoutSite : int { kEmbedding = 1, kAttentionProbs = 2, kAttentionOutput = 3, kMlpOutput = 4, kLoraInput = 0x10000 };
+DropoutSite adapter_dropout_site(const std::string& module_in_layer);
 
 struct DropoutKey {
   uint64_t seed = 0;  // the run's seed
