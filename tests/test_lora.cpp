@@ -81,7 +81,7 @@ PeftComparison compare_with_peft(CausalLM& model, const std::string& name, int t
       continue;
     }
     const torch::Tensor grad = model.gather_grad(p);
-    const std::string stored = "grad." + peft_key(p.name());
+    const std::string stored = "grad." + peft_key(model, p.name());
     if (tp_rank != 0) continue;
     if (!reference->contains(stored)) throw std::runtime_error("reference.safetensors has no " + stored);
     const double diff = relative_max_diff(grad, reference->read(stored));
@@ -93,7 +93,8 @@ PeftComparison compare_with_peft(CausalLM& model, const std::string& name, int t
 
 const std::vector<std::string>& adapter_names() {
   static const std::vector<std::string> names = {"llama_qkvo", "llama_all_linear_rslora", "qwen3_all_linear",
-                                                 "gemma3_qv", "phi3_all_linear", "llama_modules_to_save"};
+                                                 "gemma3_qv", "phi3_all_linear", "llama_modules_to_save",
+                                                 "qwen2_bias_all"};
   return names;
 }
 

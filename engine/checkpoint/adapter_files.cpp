@@ -25,17 +25,20 @@ void save_adapter(Trainer& trainer, const LoraConfig& lora, const std::string& d
   torch::NoGradGuard no_grad;
   auto& topo = trainer.topology();
   auto& model = trainer.model();
+  {
+    // Every rank (one filesystem): a failure is every rank's UserError, before any collective.
+    std::error_code error;
+    fs::create_directories(dir, error);
+    AUTOTP_USER_CHECK(!error, "--save-adapter {}: cannot create the directory: {}", dir, error.message());
+  }
   trainer.optimizer().gather_all_params();  // stage 3: every shard whole on its tp rank
   io::NamedTensors tensors;
   for (auto& p : model.parameters()) {
     if (!p.trains()) continue;
     torch::Tensor full = gather_full(p.spec(), p.tensor.detach(), topo.tp());
-    if (topo.rank() == 0) tensors.emplace_back(peft_key(p.name()), full.to(torch::kFloat32).cpu().contiguous());
+    if (topo.rank() == 0) tensors.emplace_back(peft_key(model, p.name()), full.to(torch::kFloat32).cpu().contiguous());
   }
   if (topo.rank() == 0) {
-    std::error_code error;
-    fs::create_directories(dir, error);
-    AUTOTP_USER_CHECK(!error, "--save-adapter {}: cannot create the directory: {}", dir, error.message());
     io::write_safetensors((fs::path(dir) / kAdapterWeightsFile).string(), tensors, {{"format", "pt"}});
     const nlohmann::json config = lora.to_adapter_config(adapted_modules(model), base_model);
     io::write_text_file_atomic((fs::path(dir) / kAdapterConfigFile).string(), config.dump(2) + "\n");

@@ -275,6 +275,16 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
   const auto& meta = ckpt.metadata();
   const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
   check_model_matches(ckpt, trainer.optimizer());
+  if (meta.train_config.contains("lora") && meta.train_config["lora"].is_object()) {
+    // The adapters' tensors fit (checked above); their scale must be the one they were trained with.
+    const LoraConfig saved = LoraConfig::from_adapter_config(meta.train_config["lora"], where + " (train_config.lora)");
+    const LoraConfig& now = trainer.config().lora;
+    AUTOTP_USER_CHECK(saved.scaling() == now.scaling(),
+                      "{}: the checkpoint's adapters were trained with lora_alpha {} and use_rslora {} (scaling {}), "
+                      "the config has lora_alpha {} and use_rslora {} (scaling {}); allowed: the checkpoint's values",
+                      where, saved.lora_alpha, saved.use_rslora, saved.scaling(), now.lora_alpha, now.use_rslora,
+                      now.scaling());
+  }
   const auto wanted = optimizer_state_names(trainer.optimizer().partition_state());
   AUTOTP_USER_CHECK(wanted == meta.optimizer_states,
                     "{}: the checkpoint holds optimizer states [{}] (optimizer {}), the config's optimizer {} "

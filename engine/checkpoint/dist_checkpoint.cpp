@@ -1,5 +1,7 @@
 #include "autotp/checkpoint/dist_checkpoint.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -110,10 +112,19 @@ CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::strin
   AUTOTP_USER_CHECK(int64_t{m.tp} * m.dp <= static_cast<int64_t>(m.files.size()),
                     "{}: topology tp {} x dp {} needs {} rank files, {} are listed", source, m.tp, m.dp,
                     int64_t{m.tp} * m.dp, m.files.size());
+  // Units are the model's (embeddings, each layer, head, persistent): a LoRA
+  // checkpoint holds fewer tensors than units. Bounded so a bad file cannot ask for
+  // billions of units.
+  int64_t layers = 0;
+  for (const char* key : {"num_hidden_layers", "n_layer"})
+    if (m.model_config.is_object() && m.model_config.contains(key) && m.model_config[key].is_number_integer())
+      layers = std::clamp<int64_t>(m.model_config[key].get<int64_t>(), 0, int64_t{1} << 20);
+  const int64_t units = std::max<int64_t>(static_cast<int64_t>(m.tensors.size()), layers + 3);
   for (const auto& t : m.tensors)
-    AUTOTP_USER_CHECK(t.unit >= 0 && static_cast<size_t>(t.unit) < m.tensors.size(),
-                      "{}: tensor '{}' has ZeRO unit {} (allowed: 0 to {}, one unit per tensor at most)", source,
-                      t.name, t.unit, m.tensors.size() - 1);
+    AUTOTP_USER_CHECK(t.unit >= 0 && t.unit < units,
+                      "{}: tensor '{}' has ZeRO unit {} (allowed: 0 to {}: the embeddings, each layer, the head, the "
+                      "persistent tensors)",
+                      source, t.name, t.unit, units - 1);
   for (const auto& t : m.tensors)
     AUTOTP_USER_CHECK(t.spec.tp_size() == m.tp, "{}: tensor '{}' is cut for tp {}, the checkpoint has tp {}", source,
                       t.name, t.spec.tp_size(), m.tp);

@@ -62,7 +62,8 @@ void read_fields(LoraConfig& c, const JsonSection& s) {
     s.check(c.init_lora_weights == "true" || c.init_lora_weights == "false" || c.init_lora_weights == "gaussian",
             "init_lora_weights", "true, false or \"gaussian\" (PiSSA, OLoRA, LoftQ, EVA, CorDA initialisations are not supported)");
   }
-  const std::string task = s.string("task_type", "CAUSAL_LM");
+  // PEFT writes null when a LoraConfig was made without a task type (its keys are the same).
+  const std::string task = s.has("task_type") && s.at("task_type").is_null() ? "CAUSAL_LM" : s.string("task_type", "CAUSAL_LM");
   s.check(task == "CAUSAL_LM", "task_type", "\"CAUSAL_LM\"");
   const std::string type = s.string("peft_type", "LORA");
   s.check(type == "LORA", "peft_type",
@@ -131,8 +132,10 @@ json LoraConfig::to_json() const {
     j["target_modules"] = "all-linear";
   else if (!target_regex.empty())
     j["target_modules"] = target_regex;
-  else
+  else if (!target_modules.empty())
     j["target_modules"] = target_modules;
+  else
+    j["target_modules"] = nullptr;  // PEFT's default for the architecture
   if (init_lora_weights == "gaussian")
     j["init_lora_weights"] = "gaussian";
   else

@@ -28,11 +28,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-std::string peft_key(const std::string& param_name) { return kPeftKeyPrefix + param_name; }
-
-std::string param_of_peft_key(const std::string& key) {
-  const std::string prefix = kPeftKeyPrefix;
-  return key.rfind(prefix, 0) == 0 ? key.substr(prefix.size()) : std::string();
+std::string peft_key(const CausalLM& model, const std::string& param_name) {
+  const std::string bias = ".bias";
+  if (ends_with(param_name, bias)) {
+    const std::string module = param_name.substr(0, param_name.size() - bias.size());
+    if (model.plan().contains(module + ".lora_A.weight")) return kPeftKeyPrefix + module + ".base_layer.bias";
+  }
+  return kPeftKeyPrefix + param_name;
 }
 
 LoraConfig read_adapter_config(const std::string& dir) {
@@ -77,7 +79,7 @@ void load_adapter_weights(CausalLM& model, const std::string& dir) {
   const int rank = model.tp().rank();
   for (auto& p : model.parameters()) {
     if (!p.trains()) continue;
-    const std::string key = peft_key(p.name());
+    const std::string key = peft_key(model, p.name());
     if (!file->contains(key)) {
       missing.push_back(key);
       continue;

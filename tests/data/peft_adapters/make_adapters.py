@@ -59,6 +59,8 @@ FIXTURES = {
     "phi3_all_linear": ("phi3_v5", dict(r=4, lora_alpha=8, target_modules="all-linear")),
     "llama_modules_to_save": ("llama_v5", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                modules_to_save=["lm_head"])),
+    # bias="all": every bias trains; an adapted layer's is saved as <module>.base_layer.bias.
+    "qwen2_bias_all": ("qwen2_v5", dict(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj"], bias="all")),
 }
 
 
@@ -77,6 +79,8 @@ def saved_key(param_name):
     """PEFT parameter name -> key in adapter_model.safetensors (adapter name 'default' dropped)."""
     if ".modules_to_save.default." in param_name:
         return param_name.replace(".modules_to_save.default.", ".")
+    if param_name.endswith(".bias") and ".lora_" not in param_name:
+        return param_name  # bias="all" / "lora_only": saved under its own name (base_layer.bias when adapted)
     assert ".lora_A.default." in param_name or ".lora_B.default." in param_name, param_name
     return param_name.replace(".default.", ".")
 
@@ -98,7 +102,7 @@ def build(name, base_name, lora_kw, out_dir):
     base_ref = load_file(os.path.join(base_rel, "reference.safetensors"))
     base_weights = load_file(os.path.join(base_rel, "model.safetensors"))
     torch.manual_seed(0)
-    model = get_peft_model(load_base(base_rel), LoraConfig(**COMMON, **lora_kw))
+    model = get_peft_model(load_base(base_rel), LoraConfig(**{**COMMON, **lora_kw}))
 
     # Which modules PEFT wrapped, with which scaling.
     wrapped, scalings, mts = [], {}, []
@@ -118,7 +122,7 @@ def build(name, base_name, lora_kw, out_dir):
     with torch.no_grad():
         for n, p in trainable.items():
             z = noise(saved_key(n), tuple(p.shape))
-            if ".modules_to_save." in n:
+            if ".modules_to_save." in n or (n.endswith(".bias") and ".lora_" not in n):
                 p.add_(z)
             else:
                 p.copy_(z)
@@ -139,7 +143,8 @@ def build(name, base_name, lora_kw, out_dir):
     with torch.no_grad(), model.disable_adapter():
         base_out = model(input_ids=ids, labels=ids)
     d_base = (base_out.logits - base_ref["logits"]).abs().max().item()
-    assert d_base < 1e-5, (name, d_base)
+    # Trained biases live in the base layers themselves: disable_adapter() keeps them.
+    assert d_base < 1e-5 or lora_kw.get("bias", "none") != "none", (name, d_base)
 
     ref = {
         "input_ids": ids.clone(),
@@ -178,6 +183,8 @@ def build(name, base_name, lora_kw, out_dir):
         merged_model = copy.deepcopy(model).merge_and_unload()
         merged_sd = merged_model.state_dict()
         touched = [f"{m}.weight" for m in wrapped] + [f"{m}.weight" for m in mts]
+        if lora_kw.get("bias", "none") != "none":  # the trained biases are merged as they are
+            touched += [k for k in base_weights if k.endswith(".bias")]
         for k, v in base_weights.items():
             if k in touched:
                 assert not torch.equal(merged_sd[k], v), (name, k)

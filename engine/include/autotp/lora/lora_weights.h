@@ -32,9 +32,9 @@ void init_lora_weights(CausalLM& model, const LoraConfig& lora, uint64_t seed);
 // its shape (UserError listing the differences).
 void load_adapter_weights(CausalLM& model, const std::string& dir);
 
-// The PEFT key of a trained parameter, and back ("" when `key` has not PEFT's prefix).
-std::string peft_key(const std::string& param_name);
-std::string param_of_peft_key(const std::string& key);
+// The PEFT key of a trained parameter of `model`: base_model.model.<name>, with
+// the bias of an adapted layer under <module>.base_layer.bias as PEFT saves it.
+std::string peft_key(const CausalLM& model, const std::string& param_name);
 
 // The module paths of the model's LoRA factors, in model order.
 std::vector<std::string> adapted_modules(const CausalLM& model);
