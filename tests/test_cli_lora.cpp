@@ -122,6 +122,18 @@ TEST_F(CliLora, CheckpointResumesBitForBitAndReshards) {
   EXPECT_NE(exported.output.find("adapters only"), std::string::npos) << exported.output;
 }
 
+// One adapted module in the last layer: the checkpoint holds 2 tensors in ZeRO unit 2 (layer 1).
+TEST_F(CliLora, CheckpointOfOneAdaptedModuleResumes) {
+  const std::string cfg = config("one", 1, 3);
+  const std::string one = "--lora-target-modules model\\.layers\\.1\\.self_attn\\.q_proj";
+  auto first = run_cli(train(cfg, 2, "--steps 1 --no-shuffle --save " + dir_ + "/one " + one));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const json meta = json::parse(test::read_file(dir_ + "/one/step_1/metadata.json"));
+  ASSERT_EQ(meta.at("tensors").size(), 2u);
+  auto resumed = run_cli(train(cfg, 2, "--steps 2 --no-shuffle --resume " + dir_ + "/one " + one));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+}
+
 TEST_F(CliLora, BadLoraInputExitsWith2) {
   const std::string cfg = config("bad", 1, 0);
   auto r = run_cli(train(cfg, 1, "--steps 1 --export-hf " + dir_ + "/out"));
