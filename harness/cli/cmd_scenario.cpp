@@ -41,11 +41,12 @@ void list_variants(const scenario::ScenarioSpec& spec) {
                                l.recompute == "off" ? "" : " +" + l.recompute, l.micro_batch, l.gas, l.seq_len);
       continue;
     }
-    std::cout << fmt::format("  {:<20} {} tp {} dp {} ZeRO-{} {}{} micro-batch {} x gas {} (global {}){}\n", v.name,
+    std::cout << fmt::format("  {:<20} {} tp {} dp {} ZeRO-{} {}{}{} micro-batch {} x gas {} (global {}){}\n", v.name,
                              v.kind, v.config.tensor_parallel.autotp_size,
                              spec.world_size / v.config.tensor_parallel.autotp_size, v.config.zero.stage,
                              v.config.bf16 ? "bf16" : v.config.fp16.enabled ? "fp16" : "fp32",
                              v.config.activation_checkpointing.enabled ? " +" + v.config.activation_checkpointing.mode : "",
+                             v.config.lora.enabled ? fmt::format(" LoRA r {}", v.config.lora.r) : std::string(),
                              v.config.train_micro_batch_size_per_gpu, v.config.gradient_accumulation_steps,
                              v.config.train_batch_size, v.is_baseline ? " [baseline]" : " vs " + v.baseline);
   }
