@@ -1,7 +1,5 @@
 #include "autotp/model/causal_lm.h"
 
-#include "autotp/arch/layer_names.h"
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/resource.h>
@@ -11,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "autotp/arch/layer_names.h"
 #include "autotp/comm/autograd_collectives.h"
 #include "autotp/model/attention.h"
 #include "autotp/model/fused_experts.h"
