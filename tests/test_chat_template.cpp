@@ -17,6 +17,7 @@
 #include "autotp/base/error.h"
 #include "autotp/data/chat_template.h"
 #include "autotp/tokenizer/text_tokenizer.h"
+#include "support/checks.h"
 
 namespace autotp {
 namespace {
@@ -38,15 +39,6 @@ std::vector<json> expected_lines() {
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) lines.push_back(json::parse(line));
   return lines;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 fs::path temp_dir(const std::string& name) {
@@ -76,7 +68,7 @@ TEST(ChatTemplate, MatchesTransformersTextAndIds) {
     }
     const auto& chat = templates.at(name);
     if (line.contains("error")) {
-      const auto message = error_of([&] { chat.render(line["messages"], line["add_generation_prompt"]); });
+      const auto message = test::user_error_of([&] { chat.render(line["messages"], line["add_generation_prompt"]); });
       EXPECT_NE(message.find(line["error"].get<std::string>()), std::string::npos) << where << ": " << message;
       ++errors;
       continue;
@@ -142,36 +134,36 @@ TEST(ChatTemplate, ErrorsNameTheTemplateAndJinjasMessage) {
   SKIP_WITHOUT_PYTHON();
   const auto dir = temp_dir("errors");
   write(dir / "bad.jinja", "line one\n{% for m in messages %}{{ m.content }\n{% endfor %}");
-  const auto syntax = error_of([&] { ChatTemplate::from_file((dir / "bad.jinja").string(), ""); });
+  const auto syntax = test::user_error_of([&] { ChatTemplate::from_file((dir / "bad.jinja").string(), ""); });
   EXPECT_NE(syntax.find((dir / "bad.jinja").string()), std::string::npos) << syntax;
   EXPECT_NE(syntax.find("line 2"), std::string::npos) << syntax;
   EXPECT_NE(syntax.find("unexpected '}'"), std::string::npos) << syntax;
 
   write(dir / "undefined.jinja", "{{ messages[0].content }}\n{{ nothing.here }}");
   const auto undefined = ChatTemplate::from_file((dir / "undefined.jinja").string(), "");
-  const auto message = error_of([&] { undefined.render(json::parse(R"([{"role": "user", "content": "x"}])"), false); });
+  const auto message = test::user_error_of([&] { undefined.render(json::parse(R"([{"role": "user", "content": "x"}])"), false); });
   EXPECT_NE(message.find("'nothing' is undefined"), std::string::npos) << message;
   EXPECT_NE(message.find("line 2"), std::string::npos) << message;
 
   write(dir / "raise.jinja", "{{ raise_exception('No ' + messages[0].role + ' here') }}");
   const auto raising = ChatTemplate::from_file((dir / "raise.jinja").string(), "");
-  EXPECT_NE(error_of([&] { raising.render(json::parse(R"([{"role": "tool"}])"), false); }).find("No tool here"),
+  EXPECT_NE(test::user_error_of([&] { raising.render(json::parse(R"([{"role": "tool"}])"), false); }).find("No tool here"),
             std::string::npos);
   // The sandbox: no attribute escapes, no underscore names on namespaces.
   write(dir / "escape.jinja", "{{ messages.__class__.__mro__ }}");
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(test::user_error_of([&] {
               ChatTemplate::from_file((dir / "escape.jinja").string(), "")
                   .render(json::parse(R"([{"role": "user"}])"), false);
             }),
             "(no error)");
   write(dir / "ns.jinja", "{% set ns = namespace(_x=1) %}{{ ns._x }}");
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(test::user_error_of([&] {
               ChatTemplate::from_file((dir / "ns.jinja").string(), "")
                   .render(json::parse(R"([{"role": "user"}])"), false);
             }).find("underscore-prefixed"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { raising.render(json::array(), false); }).find("empty conversation"), std::string::npos);
-  EXPECT_NE(error_of([&] { raising.render(json::parse("[1]"), false); }).find("JSON objects"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { raising.render(json::array(), false); }).find("empty conversation"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { raising.render(json::parse("[1]"), false); }).find("JSON objects"), std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -191,7 +183,7 @@ TEST(ChatTemplate, FoundWhereTransformersLooks) {
   EXPECT_EQ(jinja->origin(), (dir / "chat_template.jinja").string());
   write(dir / "tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "t"}]})");
   fs::remove(dir / "chat_template.jinja");
-  EXPECT_NE(error_of([&] { ChatTemplate::from_model_dir(dir.string()); }).find("none named \"default\""),
+  EXPECT_NE(test::user_error_of([&] { ChatTemplate::from_model_dir(dir.string()); }).find("none named \"default\""),
             std::string::npos);
   fs::remove_all(dir);
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "autotp/io/safetensors.h"
+#include "support/checks.h"
 #include "support/cli_runner.h"
 #include "support/model_fixtures.h"
 
@@ -15,11 +16,6 @@ namespace {
 using nlohmann::json;
 using test::run_cli;
 namespace fs = std::filesystem;
-
-double relative_max_diff(const torch::Tensor& actual, const torch::Tensor& expected) {
-  const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
-  return (actual - expected).abs().max().item<double>() / scale;
-}
 
 class CliLora : public ::testing::Test {
  protected:
@@ -84,9 +80,9 @@ TEST_F(CliLora, AdapterSavedAtTp4EvaluatesAtTp1AndMergesExactly) {
   const torch::Tensor tp4 = logits("preset:llama-tiny --adapter " + adapter, 4, "tp4");
   const torch::Tensor base = logits("preset:llama-tiny", 1, "base");
   const torch::Tensor from_merged = logits(merged, 1, "merged");
-  EXPECT_LT(relative_max_diff(tp4, tp1), 1e-5);
-  EXPECT_LT(relative_max_diff(from_merged, tp1), 1e-5);
-  EXPECT_GT(relative_max_diff(base, tp1), 1e-3);  // the adapter changed the model
+  EXPECT_LT(test::relative_max_diff(tp4, tp1), 1e-5);
+  EXPECT_LT(test::relative_max_diff(from_merged, tp1), 1e-5);
+  EXPECT_GT(test::relative_max_diff(base, tp1), 1e-3);  // the adapter changed the model
 }
 
 TEST_F(CliLora, CheckpointResumesBitForBitAndReshards) {

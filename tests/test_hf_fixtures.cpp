@@ -8,6 +8,7 @@
 
 #include "autotp/io/safetensors.h"
 #include "autotp/model/presets.h"
+#include "support/checks.h"
 #include "support/model_fixtures.h"
 #include "support/multiprocess.h"
 
@@ -16,11 +17,6 @@ namespace {
 
 const std::string kFixtures = AUTOTP_SOURCE_DIR "/tests/data/hf_models/";
 constexpr double kTolerance = 1e-5;  // relative to the largest magnitude of each compared tensor
-
-double relative_max_diff(const torch::Tensor& actual, const torch::Tensor& expected) {
-  const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
-  return (actual - expected).abs().max().item<double>() / scale;
-}
 
 struct Comparison {
   double loss = 0, logits = 0, worst_grad = 0;
@@ -44,7 +40,7 @@ Comparison compare_with_hf(CausalLM& model, const std::string& reference_dir, in
   Comparison c;
   const double hf_loss = reference->read("loss").item<double>();
   c.loss = std::abs(loss.item<double>() + coef * aux - hf_loss) / std::abs(hf_loss);
-  c.logits = relative_max_diff(model.full_logits(ids), reference->read("logits"));
+  c.logits = test::relative_max_diff(model.full_logits(ids), reference->read("logits"));
   const std::string prefix = model.config().base_prefix();
   for (auto& p : model.parameters()) {
     std::string stored = "grad." + p.name();
@@ -52,7 +48,7 @@ Comparison compare_with_hf(CausalLM& model, const std::string& reference_dir, in
     const torch::Tensor grad = model.gather_grad(p);
     if (tp_rank != 0) continue;
     if (!reference->contains(stored)) throw std::runtime_error("reference.safetensors has no " + stored);
-    const double diff = relative_max_diff(grad, reference->read(stored));
+    const double diff = test::relative_max_diff(grad, reference->read(stored));
     if (diff >= c.worst_grad) c.worst_grad = diff, c.worst_grad_name = p.name();
   }
   return c;

@@ -15,6 +15,7 @@
 #include "autotp/lora/lora_weights.h"
 #include "autotp/model/presets.h"
 #include "autotp/runtime/trainer.h"
+#include "support/checks.h"
 #include "support/model_fixtures.h"
 #include "support/multiprocess.h"
 #include "support/reference_models.h"
@@ -28,11 +29,6 @@ namespace fs = std::filesystem;
 const std::string kModels = AUTOTP_SOURCE_DIR "/tests/data/hf_models/";
 const std::string kAdapters = AUTOTP_SOURCE_DIR "/tests/data/peft_adapters/";
 constexpr double kTolerance = 1e-5;
-
-double relative_max_diff(const torch::Tensor& actual, const torch::Tensor& expected) {
-  const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
-  return (actual - expected).abs().max().item<double>() / scale;
-}
 
 std::string base_of(const std::string& adapter) {
   return kModels + json::parse(io::read_text_file(kAdapters + adapter + "/expected.json")).at("base").get<std::string>().substr(
@@ -74,7 +70,7 @@ PeftComparison compare_with_peft(CausalLM& model, const std::string& name, int t
   model.sync_shared_grads();
   PeftComparison c;
   c.loss = std::abs(loss.item<double>() - reference->read("loss").item<double>()) / reference->read("loss").item<double>();
-  c.logits = relative_max_diff(model.full_logits(ids), reference->read("logits"));
+  c.logits = test::relative_max_diff(model.full_logits(ids), reference->read("logits"));
   for (auto& p : model.parameters()) {
     if (!p.trains()) {
       if (p.tensor.grad().defined()) throw std::runtime_error("frozen " + p.name() + " has a gradient");
@@ -84,7 +80,7 @@ PeftComparison compare_with_peft(CausalLM& model, const std::string& name, int t
     const std::string stored = "grad." + peft_key(model, p.name());
     if (tp_rank != 0) continue;
     if (!reference->contains(stored)) throw std::runtime_error("reference.safetensors has no " + stored);
-    const double diff = relative_max_diff(grad, reference->read(stored));
+    const double diff = test::relative_max_diff(grad, reference->read(stored));
     ++c.grads;
     if (diff >= c.worst_grad) c.worst_grad = diff, c.worst_grad_name = p.name();
   }
@@ -182,12 +178,20 @@ Batch rows_to_batch(const torch::Tensor& rows) {
   return {rows.narrow(1, 0, seq).contiguous(), rows.narrow(1, 1, seq).clone()};
 }
 
-std::unique_ptr<CausalLM> lora_model(const ModelSource& source, const TrainConfig& config, Comm& tp) {
+std::unique_ptr<CausalLM> lora_model(const ModelSource& source, const TrainConfig& config, Comm& tp,
+                                     torch::ScalarType dtype = torch::kFloat32) {
   auto model = load_model(source, with_lora(TpPlan::build(source.config, config.tensor_parallel.plan_options()),
                                             config.lora),
-                          tp, torch::kFloat32, 0);
+                          tp, dtype, 0);
   init_lora_weights(*model, config.lora, 7);
   return model;
+}
+
+// An HF directory of the llama-tiny preset with seeded random weights.
+ModelSource llama_tiny(const std::string& tag, uint64_t seed) {
+  json config = test::preset_config("llama-tiny");
+  return resolve_model(
+      test::write_model_dir(test::make_temp_dir(tag), config, test::reference_random_weights(config, seed)));
 }
 
 AUTOTP_WORKER(lora_train_parity) {
@@ -314,10 +318,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LoraTrainParity, ::testing::ValuesIn(lora_case
 // --- single-process checks ---------------------------------------------------
 
 TEST(Lora, ZeroBStartsAtTheBaseModelsLoss) {
-  json config_json = test::preset_config("llama-tiny");
-  std::string dir =
-      test::write_model_dir(test::make_temp_dir("lora_b0"), config_json, test::reference_random_weights(config_json, 3));
-  auto source = resolve_model(dir);
+  auto source = llama_tiny("lora_b0", 3);
   json train = lora_train_config(1, 0, 2, 1, "tp");
   train["lora"]["init_lora_weights"] = true;  // PEFT's default: B = 0
   auto config = TrainConfig::from_json(train, "test");
@@ -342,19 +343,13 @@ TEST(Lora, ZeroBStartsAtTheBaseModelsLoss) {
 // bf16: the base stays bf16 and frozen; adapters and modules_to_save train in fp32
 // (cast to bf16 where the forward reads them); model states equal the formula.
 TEST(Lora, Bf16TrainsModulesToSaveInFp32BesideTheFrozenBase) {
-  json config_json = test::preset_config("llama-tiny");
-  std::string dir =
-      test::write_model_dir(test::make_temp_dir("lora_bf16"), config_json, test::reference_random_weights(config_json, 4));
-  auto source = resolve_model(dir);
+  auto source = llama_tiny("lora_bf16", 4);
   json train = lora_train_config(1, 3, 2, 1, "save");
   train["bf16"] = {{"enabled", true}};
   auto config = TrainConfig::from_json(train, "test");
   config.resolve_batch(1);
   auto single = Topology::single();
-  auto model = load_model(source, with_lora(TpPlan::build(source.config, {}), config.lora), single->tp(),
-                          torch::kBFloat16, 0);
-  init_lora_weights(*model, config.lora, 7);
-  Trainer trainer(config, single, std::move(model), nullptr, false);
+  Trainer trainer(config, single, lora_model(source, config, single->tp(), torch::kBFloat16), nullptr, false);
   trainer.optimizer().gather_all_params();
   const torch::Tensor head0 = trainer.model().parameter("lm_head.weight").tensor.detach().clone();
   const torch::Tensor q0 = trainer.model().parameter("model.layers.0.self_attn.q_proj.weight").tensor.detach().clone();
@@ -402,40 +397,30 @@ TEST(Lora, PlanPlacesFactorsByTheBaseRole) {
   EXPECT_NE(plan.table().find("LoRA: split like the base's input"), std::string::npos);
 }
 
-template <typename F>
-std::string user_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(Lora, BadConfigsNameTheKeyAndTheAllowedValues) {
   auto source = resolve_model("preset:llama-tiny");
   const TpPlan plan = TpPlan::build(source.config, {});
   auto config = [](json lora) { return TrainConfig::from_json({{"lora", lora}}, "c.json").lora; };
   LoraConfig nothing = config({{"target_modules", {"c_attn"}}});
-  std::string e = user_error([&] { with_lora(plan, nothing); });
+  std::string e = test::user_error_of([&] { with_lora(plan, nothing); });
   EXPECT_NE(e.find("matches no linear layer"), std::string::npos) << e;
   EXPECT_NE(e.find("model.layers.0.self_attn.q_proj"), std::string::npos) << e;
-  e = user_error([&] { config({{"r", 0}}); });
+  e = test::user_error_of([&] { config({{"r", 0}}); });
   EXPECT_NE(e.find("lora.r"), std::string::npos) << e;
-  e = user_error([&] { config({{"use_dora", true}}); });
+  e = test::user_error_of([&] { config({{"use_dora", true}}); });
   EXPECT_NE(e.find("DoRA"), std::string::npos) << e;
-  e = user_error([&] { config({{"peft_type", "LOHA"}}); });
+  e = test::user_error_of([&] { config({{"peft_type", "LOHA"}}); });
   EXPECT_NE(e.find("peft_type"), std::string::npos) << e;
-  e = user_error([&] { config({{"bias", "some"}}); });
+  e = test::user_error_of([&] { config({{"bias", "some"}}); });
   EXPECT_NE(e.find("lora_only"), std::string::npos) << e;
-  e = user_error([&] { with_lora(plan, config({{"target_modules", {"lm_head"}}})); });
+  e = test::user_error_of([&] { with_lora(plan, config({{"target_modules", {"lm_head"}}})); });
   EXPECT_NE(e.find("output head"), std::string::npos) << e;
   auto moe = resolve_model("preset:mixtral-tiny");
-  e = user_error([&] { with_lora(TpPlan::build(moe.config, {}), config({{"target_modules", {"w1"}}})); });
+  e = test::user_error_of([&] { with_lora(TpPlan::build(moe.config, {}), config({{"target_modules", {"w1"}}})); });
   EXPECT_NE(e.find("mixture-of-experts"), std::string::npos) << e;
   // An adapter for another architecture: Phi-3's (fused qkv_proj, gate_up_proj) on a Llama of the same widths.
   Comm self;
-  e = user_error([&] {
+  e = test::user_error_of([&] {
     auto llama = resolve_model(kModels + "llama_v5");
     auto m = load_model(llama, with_lora(TpPlan::build(llama.config, {}), read_adapter_config(kAdapters + "phi3_all_linear")),
                         self, torch::kFloat32, 0);
@@ -445,7 +430,7 @@ TEST(Lora, BadConfigsNameTheKeyAndTheAllowedValues) {
   EXPECT_NE(e.find("qkv_proj"), std::string::npos) << e;
   // An adapter whose shapes do not fit (Llama's adapter on a model with other widths).
   auto wide_source = resolve_model("preset:llama-tiny");
-  e = user_error([&] {
+  e = test::user_error_of([&] {
     auto m = load_model(wide_source, with_lora(TpPlan::build(wide_source.config, {}),
                                                read_adapter_config(kAdapters + "llama_qkvo")),
                         self, torch::kFloat32, 0);

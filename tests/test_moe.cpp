@@ -11,6 +11,7 @@
 #include "autotp/model/presets.h"
 #include "autotp/tp/tp_plan.h"
 #include "autotp/tp/tp_traffic.h"
+#include "support/checks.h"
 #include "support/model_fixtures.h"
 #include "support/reference_models.h"
 
@@ -21,15 +22,6 @@ using nlohmann::json;
 
 ModelConfig parse(const std::string& preset, const json& overrides = json::object()) {
   return ModelConfig::from_json(test::preset_config(preset, overrides), "config.json");
-}
-
-std::string user_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(MoeConfig, ClassDefaultsAndSparseLayers) {
@@ -83,18 +75,18 @@ TEST(MoeConfig, ClassDefaultsAndSparseLayers) {
 }
 
 TEST(MoeConfig, BadValuesNameTheKey) {
-  EXPECT_NE(user_error([] { parse("mixtral-tiny", {{"router_jitter_noise", 0.01}}); }).find("router_jitter_noise"),
+  EXPECT_NE(test::user_error_of([] { parse("mixtral-tiny", {{"router_jitter_noise", 0.01}}); }).find("router_jitter_noise"),
             std::string::npos);
-  const std::string top_k = user_error([] { parse("qwen3-moe-tiny", {{"num_experts_per_tok", 6}}); });
+  const std::string top_k = test::user_error_of([] { parse("qwen3-moe-tiny", {{"num_experts_per_tok", 6}}); });
   EXPECT_NE(top_k.find("num_experts_per_tok 6 must be in 1..5"), std::string::npos) << top_k;
-  EXPECT_NE(user_error([] { parse("qwen3-moe-tiny", {{"decoder_sparse_step", 0}}); }).find("decoder_sparse_step"),
+  EXPECT_NE(test::user_error_of([] { parse("qwen3-moe-tiny", {{"decoder_sparse_step", 0}}); }).find("decoder_sparse_step"),
             std::string::npos);
   // Which layers of a Qwen MoE slide differs between transformers releases: refused, not guessed.
   const std::string sliding =
-      user_error([] { parse("qwen2-moe-tiny", {{"use_sliding_window", true}, {"sliding_window", 4}}); });
+      test::user_error_of([] { parse("qwen2-moe-tiny", {{"use_sliding_window", true}, {"sliding_window", 4}}); });
   EXPECT_NE(sliding.find("use_sliding_window is not supported for Qwen2MoeForCausalLM"), std::string::npos) << sliding;
-  EXPECT_NE(user_error([] { parse("qwen2-moe-tiny", {{"head_dim", 32}}); }).find("head_dim 32"), std::string::npos);
-  EXPECT_NE(user_error([] { parse("qwen2-moe-tiny", {{"qkv_bias", false}}); }).find("qkv_bias false"),
+  EXPECT_NE(test::user_error_of([] { parse("qwen2-moe-tiny", {{"head_dim", 32}}); }).find("head_dim 32"), std::string::npos);
+  EXPECT_NE(test::user_error_of([] { parse("qwen2-moe-tiny", {{"qkv_bias", false}}); }).find("qkv_bias false"),
             std::string::npos);
 }
 
@@ -132,11 +124,11 @@ TEST(MoePlan, ExpertsSplitLikeMlpsAndTheRouterStaysWhole) {
 
 TEST(MoePlan, RouterSplitsAndHalfSplitExpertsAreRefused) {
   const ModelConfig c = parse("mixtral-tiny");
-  const std::string router = user_error([&] {
+  const std::string router = test::user_error_of([&] {
     plan_of(c, 2, {LayerSpec{{R"(.*block_sparse_moe\.gate\.weight)"}, TpRole::kColumn, {}}});
   });
   EXPECT_NE(router.find("a router must be replicated"), std::string::npos) << router;
-  const std::string half = user_error([&] {
+  const std::string half = test::user_error_of([&] {
     plan_of(c, 2, {LayerSpec{{R"(.*experts\.0\.w[123]\.weight)"}, TpRole::kReplicated, {}}});
   });
   EXPECT_NE(half.find("experts of 'model.layers.0.block_sparse_moe' are split in part"), std::string::npos) << half;
@@ -159,7 +151,7 @@ TEST(MoePlan, RouterSplitsAndHalfSplitExpertsAreRefused) {
   EXPECT_TRUE(gate.partial_grad);
   EXPECT_EQ(hf.entry("model.layers.1.block_sparse_moe.experts.4.w2.weight").role, TpRole::kRow);
   with_plan["base_model_tp_plan"]["layers.*.block_sparse_moe.gate"] = "ep_router";
-  const std::string ep = user_error([&] { plan_of(ModelConfig::from_json(with_plan, "config.json"), 2); });
+  const std::string ep = test::user_error_of([&] { plan_of(ModelConfig::from_json(with_plan, "config.json"), 2); });
   EXPECT_NE(ep.find("no expert parallelism"), std::string::npos) << ep;
 }
 

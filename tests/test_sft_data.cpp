@@ -9,6 +9,7 @@
 #include "autotp/base/error.h"
 #include "autotp/data/dataset.h"
 #include "autotp/io/safetensors.h"
+#include "support/checks.h"
 #include "support/cli_runner.h"
 #include "support/model_fixtures.h"
 
@@ -23,15 +24,6 @@ const std::string kTokenizers = AUTOTP_SOURCE_DIR "/tests/data/tokenizers/";
 std::string write(const std::string& path, const std::string& text) {
   io::write_text_file_atomic(path, text);
   return path;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A model directory with llama3_bpe's tokenizer (BOS <|begin_of_text|>, EOS
@@ -131,10 +123,10 @@ TEST(SftData, PromptTemplateFilesAndTheirErrors) {
   const std::string path = write(dir + "/r.json", R"([{"instruction": "why", "output": " Light."}])");
   EXPECT_EQ(learned_text(open_dataset(path, options)->get(0), *options.tokenizer), " Light.<|end_of_text|>");
   const std::string no_instruction = write(dir + "/bad.json", R"({"prompt_input": "{input}", "prompt_no_input": "x"})");
-  EXPECT_NE(error_of([&] { PromptTemplate::named(no_instruction); })
+  EXPECT_NE(test::user_error_of([&] { PromptTemplate::named(no_instruction); })
                 .find(no_instruction + ": 'prompt_input' has no {instruction} placeholder"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { PromptTemplate::named("vicuna"); }).find("prompt template 'vicuna' is not known (allowed: "
+  EXPECT_NE(test::user_error_of([&] { PromptTemplate::named("vicuna"); }).find("prompt template 'vicuna' is not known (allowed: "
                                                                     "alpaca, plain"),
             std::string::npos);
 }
@@ -143,19 +135,19 @@ TEST(SftData, RecordArraysRefuseMixedKindsNamingTheRecord) {
   const std::string dir = tokenizer_dir();
   DataOptions options = options_for(dir);
   const std::string mixed = write(dir + "/mixed.json", R"([{"instruction": "a", "output": "b"}, {"text": "c"}])");
-  const std::string error = error_of([&] { open_dataset(mixed, options); });
+  const std::string error = test::user_error_of([&] { open_dataset(mixed, options); });
   EXPECT_NE(error.find(mixed + ": record 1: text record, but record 0 is a instruction record"), std::string::npos)
       << error;
   const std::string objects_and_ids = write(dir + "/both.json", R"([{"text": "a"}, [1, 2, 3]])");
-  EXPECT_NE(error_of([&] { open_dataset(objects_and_ids, options); }).find("record 1: expected an object"),
+  EXPECT_NE(test::user_error_of([&] { open_dataset(objects_and_ids, options); }).find("record 1: expected an object"),
             std::string::npos);
   const std::string no_content = write(dir + "/nocontent.json", R"([{"messages": [{"role": "user"}]}])");
-  EXPECT_NE(error_of([&] { open_dataset(no_content, options); })
+  EXPECT_NE(test::user_error_of([&] { open_dataset(no_content, options); })
                 .find("record 0: messages[0] (role \"user\") has no \"content\""),
             std::string::npos);
   const std::string bad_from =
       write(dir + "/sharegpt.json", R"([{"conversations": [{"from": "robot", "value": "hi"}]}])");
-  EXPECT_NE(error_of([&] { open_dataset(bad_from, options); })
+  EXPECT_NE(test::user_error_of([&] { open_dataset(bad_from, options); })
                 .find("conversations[0]: \"from\": \"robot\" is not a ShareGPT role"),
             std::string::npos);
 }
@@ -218,7 +210,7 @@ TEST(SftData, ChatTemplateErrorsNameTheRecordAndTheTemplatesMessage) {
                                                       "\n"
                                                       R"({"messages": [{"role": "tool", "content": "b"}]})"
                                                       "\n");
-  const std::string error = error_of([&] { open_dataset(path, options); });
+  const std::string error = test::user_error_of([&] { open_dataset(path, options); });
   EXPECT_NE(error.find(path + ": line 2: "), std::string::npos) << error;
   EXPECT_NE(error.find("Only user and assistant roles are supported!"), std::string::npos) << error;
   // A model directory without a template.
@@ -226,13 +218,13 @@ TEST(SftData, ChatTemplateErrorsNameTheRecordAndTheTemplatesMessage) {
   DataOptions no_template = options_for(plain);
   const std::string chat = write(plain + "/chat.jsonl", R"({"messages": [{"role": "user", "content": "a"}]})"
                                                         "\n");
-  const std::string missing = error_of([&] { open_dataset(chat, no_template); });
+  const std::string missing = test::user_error_of([&] { open_dataset(chat, no_template); });
   EXPECT_NE(missing.find("has no chat template"), std::string::npos) << missing;
   EXPECT_NE(missing.find("give --chat-template FILE"), std::string::npos) << missing;
   // A template file that does not parse names the file.
   const std::string broken = write(plain + "/broken.jinja", "{% for m in messages %}{{ m['content'] }");
   no_template.sft.chat_template_file = broken;
-  const std::string parse = error_of([&] { open_dataset(chat, no_template); });
+  const std::string parse = test::user_error_of([&] { open_dataset(chat, no_template); });
   EXPECT_NE(parse.find(broken), std::string::npos) << parse;
 }
 
@@ -275,7 +267,7 @@ TEST(SftData, RealTemplatesLearnTheAssistantSpansHfRenders) {
     // moves the system message into the last user turn, so these conversations have no
     // prefix-rendered span in the whole text: refused, as documented.
     if (no_prefix_span || (c["template"] == "qwen3" && c["assistant_spans"].size() > 1)) {
-      const std::string error = error_of([&] { open_dataset(path, options); });
+      const std::string error = test::user_error_of([&] { open_dataset(path, options); });
       EXPECT_NE(error.find("cannot find the assistant turn"), std::string::npos) << error;
       ++refused;
       continue;

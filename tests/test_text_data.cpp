@@ -12,6 +12,7 @@
 #include "autotp/data/data_tokenizer.h"
 #include "autotp/data/dataset.h"
 #include "autotp/tokenizer/tokenizer.h"
+#include "support/checks.h"
 #include "support/model_fixtures.h"
 
 namespace autotp {
@@ -36,15 +37,6 @@ std::string tokenizer_dir(const std::string& fixture) {
 
 Ids hf_ids(const std::string& fixture, const std::string& text) {
   return tok::Tokenizer::from_file(kFixtures + "/" + fixture + "/tokenizer.json").encode(text, false);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(TextTokenizer, SpecialTokensFollowTokenizerConfig) {
@@ -209,34 +201,34 @@ TEST(TextTokenizer, ChoiceAndErrors) {
   EXPECT_EQ(choose_tokenizer("auto", preset, txt), nullptr);
   EXPECT_EQ(choose_tokenizer("bytes", real, txt), nullptr);
   EXPECT_EQ(choose_tokenizer("auto", real, empty_model + "/tokens.bin"), nullptr);  // ids already
-  const std::string missing = error_of([&] { choose_tokenizer("auto", real, txt); });
+  const std::string missing = test::user_error_of([&] { choose_tokenizer("auto", real, txt); });
   EXPECT_NE(missing.find(empty_model), std::string::npos) << missing;
   EXPECT_NE(missing.find("tokenizer.json"), std::string::npos) << missing;
   EXPECT_NE(missing.find("--tokenizer bytes"), std::string::npos) << missing;
-  const std::string not_dir = error_of([&] { choose_tokenizer(empty_model + "/nope", real, txt); });
+  const std::string not_dir = test::user_error_of([&] { choose_tokenizer(empty_model + "/nope", real, txt); });
   EXPECT_NE(not_dir.find("not a directory"), std::string::npos) << not_dir;
   // A tokenizer bigger than the model's vocabulary belongs to another model.
   DataOptions options;
   options.seq_len = 4;
   options.vocab_size = 300;
   options.tokenizer = choose_tokenizer(tokenizer_dir("gpt2_bpe"), preset, txt);
-  const std::string too_big = error_of([&] { open_dataset(txt, options); });
+  const std::string too_big = test::user_error_of([&] { open_dataset(txt, options); });
   EXPECT_NE(too_big.find("more than the model's vocab_size 300"), std::string::npos) << too_big;
   // Chat records need a template autotp does not render.
   const std::string chat = write(empty_model + "/chat.jsonl", R"({"messages": [{"role": "user", "content": "hi"}]})"
                                                               "\n");
   options.vocab_size = 5000;
-  const std::string messages = error_of([&] { open_dataset(chat, options); });
+  const std::string messages = test::user_error_of([&] { open_dataset(chat, options); });
   EXPECT_NE(messages.find("line 1"), std::string::npos) << messages;
   EXPECT_NE(messages.find("chat_template"), std::string::npos) << messages;
   // Invalid UTF-8 (here an overlong NUL) names the file.
   const std::string bad_text = write(empty_model + "/bad.txt", "ok \xC0\x80");
-  const std::string utf8 = error_of([&] { open_dataset(bad_text, options); });
+  const std::string utf8 = test::user_error_of([&] { open_dataset(bad_text, options); });
   EXPECT_NE(utf8.find(bad_text + ": the text is not valid UTF-8 (byte 3 of 5)"), std::string::npos) << utf8;
   // A token file has no prompt mask.
   const std::string sft = write(empty_model + "/sft.jsonl", R"({"instruction": "a", "output": "b"})"
                                                             "\n");
-  const std::string stream = error_of([&] { tokenize_documents(sft, options); });
+  const std::string stream = test::user_error_of([&] { tokenize_documents(sft, options); });
   EXPECT_NE(stream.find("instruction records"), std::string::npos) << stream;
 }
 

@@ -10,6 +10,7 @@
 
 #include "autotp/base/error.h"
 #include "autotp/tokenizer/tokenizer.h"
+#include "support/checks.h"
 
 namespace autotp {
 namespace {
@@ -27,15 +28,6 @@ Tokenizer make(const json& model, const json& rest = json::object()) {
   json j = {{"version", "1.0"}, {"model", model}};
   j.update(rest);
   return Tokenizer::from_json(j, "tokenizer.json");
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 using Ids = std::vector<int64_t>;
@@ -118,9 +110,9 @@ TEST(UnigramModel, UnknownsFuseAndFallBackToBytes) {
   // Byte pieces are ordinary pieces in the lattice: the text "<0x41>" is that piece, as in HF.
   EXPECT_EQ(f.encode("<0x41>"), Ids({3 + 0x41}));
   // Without unk_id an unknown character is an error.
-  const std::string none = error_of([&] { make(unigram_model(vocab, {{"unk_id", nullptr}})).encode("z"); });
+  const std::string none = test::user_error_of([&] { make(unigram_model(vocab, {{"unk_id", nullptr}})).encode("z"); });
   EXPECT_NE(none.find("no unk_id"), std::string::npos) << none;
-  EXPECT_NE(error_of([&] { make(unigram_model(vocab, {{"unk_id", 3}})); }).find("unk_id 3"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { make(unigram_model(vocab, {{"unk_id", 3}})); }).find("unk_id 3"), std::string::npos);
 }
 
 json wordpiece_model(const json& vocab, const json& extra = json::object()) {
@@ -228,38 +220,38 @@ TEST(Tokenizer, SplitBehaviours) {
   EXPECT_EQ(with("Removed"), Ids({0, 1}));
   EXPECT_EQ(with("MergedWithPrevious"), Ids({3, 1}));
   EXPECT_EQ(with("MergedWithNext"), Ids({0, 4}));
-  const std::string contiguous = error_of([&] { with("Contiguous"); });
+  const std::string contiguous = test::user_error_of([&] { with("Contiguous"); });
   EXPECT_NE(contiguous.find("split behavior 'Contiguous' is not supported"), std::string::npos) << contiguous;
 }
 
 TEST(Tokenizer, UnsupportedPartsAreNamed) {
   const json model = bpe_model({{"a", 0}}, json::array());
-  EXPECT_NE(error_of([&] { make(model, {{"normalizer", {{"type", "NmtNormalizer"}}}}); }).find("normalizer 'Nmt"),
+  EXPECT_NE(test::user_error_of([&] { make(model, {{"normalizer", {{"type", "NmtNormalizer"}}}}); }).find("normalizer 'Nmt"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { make(model, {{"pre_tokenizer", {{"type", "Digits"}}}}); }).find("pre-tokenizer 'Digits'"),
+  EXPECT_NE(test::user_error_of([&] { make(model, {{"pre_tokenizer", {{"type", "Digits"}}}}); }).find("pre-tokenizer 'Digits'"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { make({{"type", "WordLevel"}, {"vocab", json::object()}}); }).find("'WordLevel'"),
+  EXPECT_NE(test::user_error_of([&] { make({{"type", "WordLevel"}, {"vocab", json::object()}}); }).find("'WordLevel'"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { make(bpe_model({{"a", 0}}, {"a b"})); }).find("merge 'a b'"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { make(bpe_model({{"a", 0}}, {"a b"})); }).find("merge 'a b'"), std::string::npos);
   // RFC 3629: truncated, overlong, surrogate and above U+10FFFF are all refused.
   for (const char* bad : {"\xC3", "\xC0\x80", "\xE0\x80\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xF5\x80\x80\x80"})
-    EXPECT_NE(error_of([&] { make(model).encode(std::string("a") + bad); }).find("not valid UTF-8 (byte 1 of"),
+    EXPECT_NE(test::user_error_of([&] { make(model).encode(std::string("a") + bad); }).find("not valid UTF-8 (byte 1 of"),
               std::string::npos)
         << json(std::string(bad)).dump();
   EXPECT_EQ(make(model).encode("a\xF4\x8F\xBF\xBF", false).size(), 1u);  // U+10FFFF is valid (and unknown: dropped)
   // A malformed file: a missing key or a wrong type names the file, never a crash.
   for (const json& normalizer : {json{{"type", "Prepend"}}, json{{"type", "Sequence"}}, json{{"type", "Prepend"}, {"prepend", 5}}})
-    EXPECT_NE(error_of([&] { make(model, {{"normalizer", normalizer}}); }).find("tokenizer.json: not a tokenizer.json"),
+    EXPECT_NE(test::user_error_of([&] { make(model, {{"normalizer", normalizer}}); }).find("tokenizer.json: not a tokenizer.json"),
               std::string::npos)
         << normalizer.dump();
-  EXPECT_NE(error_of([&] { make(model, {{"added_tokens", {{{"content", "<x>"}}}}}); }).find("tokenizer.json: not a"),
+  EXPECT_NE(test::user_error_of([&] { make(model, {{"added_tokens", {{{"content", "<x>"}}}}}); }).find("tokenizer.json: not a"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { make(bpe_model({{"a", -7}}, json::array())); }).find("allowed: an integer id"),
+  EXPECT_NE(test::user_error_of([&] { make(bpe_model({{"a", -7}}, json::array())); }).find("allowed: an integer id"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { make(model, {{"added_tokens", {{{"content", "<x>"}, {"id", -1}}}}}); }).find("has id -1"),
+  EXPECT_NE(test::user_error_of([&] { make(model, {{"added_tokens", {{{"content", "<x>"}, {"id", -1}}}}}); }).find("has id -1"),
             std::string::npos);
   const json bad_regex = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
-  EXPECT_NE(error_of([&] { make(model, {{"pre_tokenizer", bad_regex}}); }).find("does not compile"),
+  EXPECT_NE(test::user_error_of([&] { make(model, {{"pre_tokenizer", bad_regex}}); }).find("does not compile"),
             std::string::npos);
 }
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <map>
 
+#include "autotp/base/text.h"
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
 #include "autotp/io/hf_writer.h"
@@ -14,10 +15,6 @@ namespace autotp {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 
@@ -31,10 +28,10 @@ void save_adapter(Trainer& trainer, const LoraConfig& lora, const std::string& d
     fs::create_directories(dir, error);
     AUTOTP_USER_CHECK(!error, "--save-adapter {}: cannot create the directory: {}", dir, error.message());
   }
-  trainer.optimizer().gather_all_params();  // stage 3: every shard whole on its tp rank
+  trainer.optimizer().gather_all_params(/*frozen=*/false);  // stage 3: what trains whole on its tp rank
   io::NamedTensors tensors;
   for (auto& p : model.parameters()) {
-    if (!p.trains()) continue;
+    if (!p.trains() || topo.dp_rank() != 0) continue;  // dp group 0's tp group gathers for rank 0
     torch::Tensor full = gather_full(p.spec(), p.tensor.detach(), topo.tp());
     if (topo.rank() == 0) tensors.emplace_back(peft_key(model, p.name()), full.to(torch::kFloat32).cpu().contiguous());
   }

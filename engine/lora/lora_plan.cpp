@@ -6,14 +6,11 @@
 #include <regex>
 #include <set>
 
+#include "autotp/base/text.h"
 #include "autotp/base/error.h"
 
 namespace autotp {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // PEFT's rule for a list entry: the path itself, or a suffix after a dot.
 bool name_matches(const std::string& module, const std::string& name) {

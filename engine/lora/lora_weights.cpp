@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "autotp/base/text.h"
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
 #include "autotp/io/safetensors.h"
@@ -15,16 +16,6 @@ namespace autotp {
 namespace {
 
 namespace fs = std::filesystem;
-
-uint64_t name_hash(const std::string& text) {  // FNV-1a
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 
@@ -53,7 +44,7 @@ void init_lora_weights(CausalLM& model, const LoraConfig& lora, uint64_t seed) {
     if (!p.entry->adapter) continue;
     const auto& shape = p.entry->desc.shape;
     const bool is_a = ends_with(p.name(), ".lora_A.weight");
-    auto gen = at::detail::createCPUGenerator(seed ^ name_hash(p.name()));
+    auto gen = at::detail::createCPUGenerator(seed ^ fnv1a64(p.name()));
     torch::Tensor full;
     if (is_a && lora.init_lora_weights == "gaussian") {
       full = torch::empty(shape).normal_(0.0, 1.0 / static_cast<double>(lora.r), gen);

@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "autotp/base/text.h"
 #include "autotp/arch/layer_names.h"
 #include "autotp/comm/autograd_collectives.h"
 #include "autotp/model/attention.h"
@@ -22,12 +23,6 @@ namespace autotp {
 namespace {
 
 namespace F = torch::nn::functional;
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
 
 Comm& self_comm() {
   static Comm comm;
@@ -299,7 +294,7 @@ void CausalLM::init_random(uint64_t seed) {
     else if (d.kind == ParamKind::kBias)
       full = torch::zeros(d.shape);
     else {
-      auto gen = at::detail::createCPUGenerator(seed ^ fnv1a(d.name));
+      auto gen = at::detail::createCPUGenerator(seed ^ fnv1a64(d.name));
       full = torch::empty(d.shape).normal_(0.0, 0.02, gen);
     }
     p.tensor.copy_(p.spec().slice(full, tp_.rank()));

@@ -32,18 +32,24 @@ ShardSpec ShardSpec::split(std::vector<int64_t> global_shape, int64_t dim,
   s.dim_ = dim;
   s.tp_size_ = static_cast<int>(per_rank.size());
   s.per_rank_ = std::move(per_rank);
-  int64_t extent = s.global_shape_[dim];
-  std::vector<int> count(extent, 0);
+  // Coverage and overlap from the segments sorted by start: memory and time follow
+  // the segments, never the extent (a checkpoint file may claim any extent).
+  const int64_t extent = s.global_shape_[dim];
+  std::vector<Segment> all;
   for (int r = 0; r < s.tp_size_; ++r)
     for (const auto& seg : s.per_rank_[r]) {
-      TORCH_INTERNAL_ASSERT(seg.start >= 0 && seg.length > 0 && seg.start + seg.length <= extent,
+      TORCH_INTERNAL_ASSERT(seg.start >= 0 && seg.length > 0 && seg.start <= extent && seg.length <= extent - seg.start,
                             "ShardSpec: segment [", seg.start, ", +", seg.length, ") outside extent ", extent);
-      for (int64_t i = seg.start; i < seg.start + seg.length; ++i) ++count[i];
+      all.push_back(seg);
     }
-  for (int64_t i = 0; i < extent; ++i) {
-    TORCH_INTERNAL_ASSERT(count[i] > 0, "ShardSpec: index ", i, " of dim ", dim, " is held by no rank");
-    if (count[i] > 1) s.overlap_ = true;
+  std::sort(all.begin(), all.end(), [](const Segment& a, const Segment& b) { return a.start < b.start; });
+  int64_t covered = 0;  // [0, covered) is held
+  for (const auto& seg : all) {
+    TORCH_INTERNAL_ASSERT(seg.start <= covered, "ShardSpec: index ", covered, " of dim ", dim, " is held by no rank");
+    if (seg.start < covered) s.overlap_ = true;
+    covered = std::max(covered, seg.start + seg.length);
   }
+  TORCH_INTERNAL_ASSERT(covered == extent, "ShardSpec: index ", covered, " of dim ", dim, " is held by no rank");
   return s;
 }
 

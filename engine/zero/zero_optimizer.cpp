@@ -79,6 +79,17 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
   } else {
     params_ = std::make_unique<FlatParams>(*trained_, comm_);
   }
+  // The frozen base's bytes by formula: its stage-3 layout, or every element it holds.
+  if (frozen_) {
+    frozen_analytic_bytes_ = analytic_frozen_bytes(frozen_->layout, model_.dtype());
+  } else {
+    std::vector<const PlanEntry*> frozen_entries;
+    for (auto& p : model_.parameters())
+      if (!p.trains()) frozen_entries.push_back(p.entry);
+    if (!frozen_entries.empty())
+      frozen_analytic_bytes_ = analytic_frozen_bytes(
+          zero_layout(frozen_entries, units, topo_.tp_rank(), topo_.dp_size(), stage_, threshold), model_.dtype());
+  }
   if (stage_ <= 1) {
     if (stage_ == 0)
       grads_ = std::make_unique<AllReducedGrads>(*trained_, topo_, comm_, fp32_accum_);
@@ -143,10 +154,10 @@ torch::Tensor ZeroOptimizer::master_at(int64_t begin, int64_t length) const {
   return params_->at(begin, length);  // fp32: the parameters are the master
 }
 
-void ZeroOptimizer::gather_all_params() {
+void ZeroOptimizer::gather_all_params(bool frozen) {
   if (stage_ != 3) return;
   params_->gather_all();
-  if (frozen_params_) frozen_params_->gather_all();
+  if (frozen && frozen_params_) frozen_params_->gather_all();
 }
 
 void ZeroOptimizer::begin_step() {
@@ -286,18 +297,7 @@ ModelStateBytes ZeroOptimizer::model_state_bytes() const {
 
 ModelStateBytes ZeroOptimizer::analytic_model_state() const {
   ModelStateBytes b = analytic_model_state_bytes(trained_->layout, low_, optimizer_config_, fp32_accum_);
-  if (frozen_) {
-    b.frozen_params = analytic_frozen_bytes(frozen_->layout, model_.dtype());
-  } else {
-    std::vector<const PlanEntry*> frozen;
-    for (auto& p : model_.parameters())
-      if (!p.trains()) frozen.push_back(p.entry);
-    if (!frozen.empty())
-      b.frozen_params = analytic_frozen_bytes(
-          zero_layout(frozen, ZeroUnits{model_.num_layers()}, topo_.tp_rank(), topo_.dp_size(), stage_, 0),
-          model_.dtype());
-  }
+  b.frozen_params = frozen_analytic_bytes_;
   return b;
 }
-
 }  // namespace autotp

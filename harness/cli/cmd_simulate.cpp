@@ -200,10 +200,13 @@ std::string scenario_markdown(const SimulateArgs& args, const scenario::Simulate
         m.peak_phase == "optimizer"
             ? fmt::format("optimizer temporaries / gather buffers {}",
                           sim::format_bytes(m.optimizer_peak - m.states.total()))
-            : fmt::format("transient gradients {} + activations {} + gathered parameters {}",
-                          sim::format_bytes(m.transient_grads), sim::format_bytes(m.activations),
-                          sim::format_bytes(m.forward_backward_peak - m.states.total() - m.transient_grads -
-                                            m.activations)),
+            // The kinds peak at different moments: each is its own largest amount, so
+            // they are listed, not subtracted from the peak.
+            : fmt::format("{} alive at the peak moment (largest during the step: activations {}, transient "
+                          "gradients {}, communication buffers {})",
+                          sim::format_bytes(m.forward_backward_peak - m.states.total()),
+                          sim::format_bytes(m.activations), sim::format_bytes(m.transient_grads),
+                          sim::format_bytes(m.comm_buffers)),
         r.fits ? "" : fmt::format(" > {} usable: does not fit", sim::format_bytes(r.usable_bytes)));
   }
   return md;

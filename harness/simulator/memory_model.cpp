@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "autotp/arch/layer_names.h"
+#include "autotp/base/text.h"
 #include "autotp/lora/lora_plan.h"
 #include "autotp/optim/grad_norm.h"
 
@@ -35,9 +36,7 @@ std::set<std::string> lora_layer_modules(const ModelConfig& config, const SimLay
   for (const auto& e : plan.entries()) {
     const DecoderLayerName n = decoder_layer_name(e.desc.name);
     const std::string suffix = ".lora_A.weight";
-    if (!e.adapter || n.layer != 0 || n.within.size() < suffix.size() ||
-        n.within.compare(n.within.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
+    if (!e.adapter || n.layer != 0 || !ends_with(n.within, suffix)) continue;
     out.insert(n.within.substr(0, n.within.size() - suffix.size()));
   }
   return out;

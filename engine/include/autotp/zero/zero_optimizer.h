@@ -102,8 +102,9 @@ class ZeroOptimizer {
   std::pair<int, int> first_non_finite_gradient() const;
 
   // Stage 3: makes every parameter whole again (until the next step) so the
-  // model can be read, e.g. for comparisons or export. No-op at other stages.
-  void gather_all_params();
+  // model can be read, e.g. for comparisons or export; `frozen` false leaves
+  // the frozen base (LoRA) partitioned. No-op at other stages.
+  void gather_all_params(bool frozen = true);
 
   ModelStateBytes model_state_bytes() const;
   // The same numbers from the formula of docs/memory.md for this optimizer's layouts.
@@ -163,6 +164,7 @@ class ZeroOptimizer {
   std::unique_ptr<FlatOptimizer> optimizer_;
   LossScaler scaler_;
   OptimizerConfig optimizer_config_;
+  int64_t frozen_analytic_bytes_ = 0;  // the frozen base's formula (fixed: computed once)
 };
 
 }  // namespace autotp
