@@ -133,8 +133,10 @@ TEST(GpuTraining, TwoRanksSharingOneGpuOverGlooMatchOneCpuRank) {
 TEST(GpuComm, NcclGroupReducesCudaTensorsAndGlooTheCpuOnes) {
   SKIP_WITHOUT_GPU();
   const auto path = std::filesystem::temp_directory_path() / ("autotp_nccl_" + std::to_string(getpid()));
+  std::filesystem::remove(path);  // a store file left by an earlier run would hold its keys
+  // 20 s: under ctest's 45 s, so a stuck rendezvous or collective reports itself.
   auto group = create_process_group(Backend::kNccl, create_file_store(path.string(), 1), 0, 1,
-                                     std::chrono::seconds(60));
+                                     std::chrono::seconds(20));
   auto on_gpu = torch::arange(6, torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCUDA));
   std::vector<at::Tensor> gpu_tensors{on_gpu};
   group->allreduce(gpu_tensors)->wait();

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "autotp/base/error.h"
+#include "autotp/base/log.h"
 
 namespace autotp {
 
@@ -71,6 +72,64 @@ double bf16_peak_flops(const std::string& gpu_name) {
   for (const auto& [name, flops] : known)
     if (gpu_name.find(name) != std::string::npos) return flops;
   return 0;
+}
+
+torch::Tensor host_buffer(int64_t numel, torch::ScalarType dtype, const torch::Device& device, bool pin) {
+  const auto options = torch::TensorOptions().dtype(dtype).device(torch::kCPU);
+  if (!pin || !device.is_cuda()) return torch::empty({numel}, options);
+  try {
+    return torch::empty({numel}, options.pinned_memory(true));
+  } catch (const c10::Error& e) {
+    static bool warned = false;
+    if (!warned)
+      log().warn("pin_memory: page-locked host memory could not be granted ({}); offload buffers are pageable, "
+                 "so their copies are synchronous",
+                 e.what_without_backtrace());
+    warned = true;
+    return torch::empty({numel}, options);
+  }
+}
+
+struct CopyStream::Stream {
+  c10::cuda::CUDAStream stream;
+};
+
+CopyStream::CopyStream(const torch::Device& device) : device_(device) {
+  if (device_.is_cuda()) stream_ = std::make_unique<Stream>(Stream{c10::cuda::getStreamFromPool(false, device_.index())});
+}
+
+CopyStream::~CopyStream() {
+  if (stream_) stream_->stream.synchronize();  // no copy may outlive its buffers
+}
+
+void CopyStream::copy(const torch::Tensor& dst, const torch::Tensor& src) {
+  if (!stream_) {
+    dst.copy_(src);
+    return;
+  }
+  c10::cuda::CUDAGuard guard(device_.index());
+  at::cuda::CUDAEvent queued;
+  queued.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  queued.block(stream_->stream);
+  {
+    c10::cuda::CUDAStreamGuard on_copy_stream(stream_->stream);
+    dst.copy_(src, /*non_blocking=*/true);
+  }
+  // The caching allocator must not hand the GPU side to another tensor before the copy has read or written it.
+  for (const torch::Tensor* t : {&dst, &src})
+    if (t->is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), stream_->stream);
+}
+
+void CopyStream::wait_host() {
+  if (stream_) stream_->stream.synchronize();
+}
+
+void CopyStream::wait_current() {
+  if (!stream_) return;
+  c10::cuda::CUDAGuard guard(device_.index());
+  at::cuda::CUDAEvent done;
+  done.record(stream_->stream);
+  done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
 }
 
 struct StepClock::Events {

@@ -106,6 +106,13 @@ void Comm::wait_all() {
   if (lane_) lane_->drain();
 }
 
+void Comm::communicate_alone() {
+  TORCH_CHECK(group_, "Comm::communicate_alone: group '", name_, "' has no process group");
+  wait_all();
+  alone_shortcut_ = false;
+  if (!lane_) lane_ = std::make_shared<CommLane>();
+}
+
 void Comm::share_lane_with(const Comm& other) {
   TORCH_CHECK(group_ == other.group_, "Comm::share_lane_with: group '", name_, "' and group '", other.name_,
               "' do not share a process group");
@@ -213,7 +220,7 @@ void Comm::run(const char* op, Start&& start, bool settle) {
 }
 
 void Comm::all_reduce(torch::Tensor& tensor, ReduceOp op) {
-  if (size_ == 1) return;
+  if (solo()) return;
   stats_.all_reduce_calls += 1;
   stats_.all_reduce_bytes += static_cast<int64_t>(tensor.nbytes());
   Stopwatch timed(stats_.seconds);
@@ -221,7 +228,7 @@ void Comm::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 }
 
 CommWork Comm::start_all_reduce(const torch::Tensor& tensor) {
-  if (size_ == 1 || tensor.numel() == 0) return {};
+  if (solo() || tensor.numel() == 0) return {};
   stats_.all_reduce_calls += 1;
   stats_.all_reduce_bytes += static_cast<int64_t>(tensor.nbytes());
   if (on_nccl(tensor)) {
@@ -264,7 +271,7 @@ void Comm::reduce_in_place(torch::Tensor& tensor, ReduceOp op, const char* op_na
 void Comm::broadcast(torch::Tensor& tensor, int root) {
   TORCH_CHECK(root >= 0 && root < size_, "Comm::broadcast on group '", name_, "': root ", root,
               " is not a rank of a group of size ", size_);
-  if (size_ == 1) return;
+  if (solo()) return;
   stats_.broadcast_calls += 1;
   stats_.broadcast_bytes += static_cast<int64_t>(tensor.nbytes());
   if (tensor.numel() == 0) return;
@@ -360,7 +367,7 @@ void Comm::gather_along(torch::Tensor& out, const torch::Tensor& local, const Ga
 
 torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) {
   const GatherLayout g = gather_layout(local, dim, sizes);
-  if (size_ == 1) return local;
+  if (solo()) return local;
   stats_.all_gather_calls += 1;
   stats_.all_gather_bytes += static_cast<int64_t>(c10::multiply_integers(g.gathered_shape) * local.element_size());
   torch::Tensor out = torch::empty(g.gathered_shape, local.options());
@@ -374,7 +381,7 @@ torch::Tensor Comm::all_gather(const torch::Tensor& local, int64_t dim, const st
 CommWork Comm::start_all_gather(torch::Tensor& out, const torch::Tensor& local, int64_t dim,
                                 const std::vector<int64_t>& sizes) {
   const GatherLayout g = gather_layout(local, dim, sizes);
-  if (size_ == 1 || c10::multiply_integers(g.padded_shape) == 0 || local.is_cuda()) {
+  if (solo() || c10::multiply_integers(g.padded_shape) == 0 || local.is_cuda()) {
     out = all_gather(local, dim, sizes);  // CUDA: ordered on the stream already
     return {};
   }
@@ -405,7 +412,7 @@ void Comm::all_gather_into(torch::Tensor& out, const torch::Tensor& local) {
   torch::NoGradGuard no_grad;
   auto input = local.contiguous().view({-1});
   auto stacked = out.view({size_, local.numel()});
-  if (size_ == 1) {
+  if (solo()) {
     stacked[0].copy_(input);
     return;
   }
@@ -418,7 +425,7 @@ void Comm::all_gather_into(torch::Tensor& out, const torch::Tensor& local) {
 }
 
 CommWork Comm::start_all_gather_into(const torch::Tensor& out, const torch::Tensor& local) {
-  if (size_ == 1 || local.numel() == 0) {
+  if (solo() || local.numel() == 0) {
     torch::Tensor target = out;
     all_gather_into(target, local);
     return {};
@@ -440,7 +447,7 @@ CommWork Comm::start_all_gather_into(const torch::Tensor& out, const torch::Tens
 
 torch::Tensor Comm::reduce_scatter(const torch::Tensor& full, const std::vector<int64_t>& sizes) {
   const std::vector<int64_t> extents = scatter_extents(full, sizes);
-  if (size_ == 1) return full;
+  if (solo()) return full;
   stats_.reduce_scatter_calls += 1;
   stats_.reduce_scatter_bytes += static_cast<int64_t>(full.nbytes());
   torch::NoGradGuard no_grad;
@@ -466,7 +473,7 @@ std::vector<int64_t> Comm::scatter_extents(const torch::Tensor& full, const std:
 }
 
 CommWork Comm::start_reduce_scatter(torch::Tensor& out, const torch::Tensor& full, const std::vector<int64_t>& sizes) {
-  if (size_ == 1 || full.is_cuda()) {  // CUDA: ordered on the stream already
+  if (solo() || full.is_cuda()) {  // CUDA: ordered on the stream already
     out = reduce_scatter(full, sizes);
     return {};
   }
@@ -520,7 +527,7 @@ void Comm::reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full) {
   check_into("reduce_scatter_into", out, full, /*gather=*/false);
   torch::NoGradGuard no_grad;
   if (full.numel() == 0) return;
-  if (size_ == 1) {
+  if (solo()) {
     out.view({-1}).copy_(full.reshape({-1}));
     return;
   }
@@ -532,7 +539,7 @@ void Comm::reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full) {
 }
 
 CommWork Comm::start_reduce_scatter_into(const torch::Tensor& out, const torch::Tensor& full) {
-  if (size_ == 1 || full.numel() == 0) {
+  if (solo() || full.numel() == 0) {
     torch::Tensor target = out;
     reduce_scatter_into(target, full);
     return {};
@@ -615,7 +622,7 @@ torch::Tensor Comm::reduce_scatter_nccl(const torch::Tensor& full, const std::ve
 }
 
 void Comm::barrier() {
-  if (size_ == 1) return;
+  if (solo()) return;
   wait_all();
   if (backend_ == Backend::kNccl) {
     // NCCL's barrier guesses a device from the rank; a CPU all-reduce (Gloo) needs none.

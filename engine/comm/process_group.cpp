@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -173,13 +175,31 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(Backend backend,
 #ifdef USE_C10D_NCCL
   auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
   nccl_options->timeout = timeout;
+  // Bound to the rank's GPU (bind_device made it current) before the backend
+  // joins, so setBackend passes it on and NCCL never guesses a device.
+  const c10::Device device(c10::kCUDA, c10::cuda::current_device());
+  group->setBoundDeviceId(device);
   auto nccl_backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix_store("cuda", store), rank, size, nccl_options);
   group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl_backend);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  nccl_backend->eagerConnectSingleDevice(device);  // the communicator now, within `timeout`
   return group;
 #else
   throw UserError("ProcessGroupNCCL is not available in this LibTorch build (use backend gloo)");
 #endif
+}
+
+void close_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, bool abort) {
+  if (!group) return;
+  try {
+    if (abort)
+      group->abort();
+    else
+      group->shutdown();
+  } catch (const std::exception& error) {
+    // Teardown goes on: the group is gone either way.
+    std::fprintf(stderr, "autotp: closing a process group failed: %s\n", error_text(error).c_str());
+  }
 }
 
 }  // namespace autotp

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <exception>
+
 #include "autotp/comm/shared_memory_transport.h"
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
@@ -82,6 +84,14 @@ std::vector<int> Topology::dp_group_ranks(int rank, int world_size, int tp_size)
   return ranks;
 }
 
+Topology::~Topology() {
+  const bool unwinding = std::uncaught_exceptions() > 0;
+  dp_.reset();
+  tp_.reset();
+  world_.reset();
+  for (auto& group : nccl_groups_) close_process_group(group, /*abort=*/unwinding);
+}
+
 std::shared_ptr<Topology> Topology::single() {
   auto topology = std::shared_ptr<Topology>(new Topology());
   topology->world_ = solo(0, "world");
@@ -119,7 +129,11 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
   // Each group gets its own key prefix in the shared store.
   std::vector<int> all(world_size);
   for (int r = 0; r < world_size; ++r) all[r] = r;
-  auto world_group = open_group(options, store, "world", rank, world_size, rank);
+  auto opened = [&](c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    if (options.backend == Backend::kNccl) topology->nccl_groups_.push_back(group);
+    return group;
+  };
+  auto world_group = opened(open_group(options, store, "world", rank, world_size, rank));
   topology->world_ = std::make_unique<Comm>(world_group, all, "world", options.backend);
   attach_shared_memory(*topology->world_, options, store, "world");
 
@@ -134,7 +148,7 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
     if (topology->world_->uses_shared_memory()) topology->tp_->use_shared_memory(topology->world_->shared_memory());
   } else {
     const std::string prefix = fmt::format("tp/{}", dp_rank);
-    auto group = open_group(options, store, prefix, tp_rank, tp_size, rank);
+    auto group = opened(open_group(options, store, prefix, tp_rank, tp_size, rank));
     topology->tp_ = std::make_unique<Comm>(group, tp_group_ranks(rank, world_size, tp_size), "tp", options.backend);
     attach_shared_memory(*topology->tp_, options, store, prefix);
   }
@@ -146,7 +160,7 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
     if (topology->world_->uses_shared_memory()) topology->dp_->use_shared_memory(topology->world_->shared_memory());
   } else {
     const std::string prefix = fmt::format("dp/{}", tp_rank);
-    auto group = open_group(options, store, prefix, dp_rank, dp_size, rank);
+    auto group = opened(open_group(options, store, prefix, dp_rank, dp_size, rank));
     topology->dp_ = std::make_unique<Comm>(group, dp_group_ranks(rank, world_size, tp_size), "dp", options.backend);
     attach_shared_memory(*topology->dp_, options, store, prefix);
   }

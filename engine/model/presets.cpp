@@ -93,6 +93,14 @@ std::vector<Preset> make_presets() {
   llama_1b["torch_dtype"] = "bfloat16";
   list.push_back({"llama-1b", "Llama-3.2-1B shapes (hidden 2048, 16 layers, GQA 32/8, vocab 128256): GPU benchmarks",
                   llama_1b});
+  // Llama-3.2-3B's shapes (3.21 B parameters; rope scaling left out as above).
+  json llama_3b = llama_1b;
+  llama_3b["hidden_size"] = 3072;
+  llama_3b["num_hidden_layers"] = 28;
+  llama_3b["num_attention_heads"] = 24;
+  llama_3b["head_dim"] = 128;
+  list.push_back({"llama-3b", "Llama-3.2-3B shapes (hidden 3072, 28 layers, GQA 24/8, vocab 128256): GPU benchmarks",
+                  llama_3b});
   // Llama-2-7b-hf's shapes (6.74 B parameters): the model the 7 B memory tables are
   // about, for measuring them on one large GPU (ZeRO-0 needs about 100-111 GiB).
   json llama2_7b = llama_config("LlamaForCausalLM", 32000, 4096, 11008, 32, 32, 32, false, "llama");

@@ -52,19 +52,19 @@ torch::ScalarType training_dtype(const TrainConfig& config) {
   return config.fp16.enabled ? torch::kFloat16 : torch::kFloat32;
 }
 
-// ZeRO-Offload sections: on a CPU device the states already live in host memory.
+// ZeRO-Offload sections: what applies at this stage (zero/optimizer_offload.h).
 void Trainer::report_offload() const {
   const ZeroConfig& z = config_.zero;
   if (!z.offloads()) return;
-  AUTOTP_USER_CHECK(!model_->device().is_cuda(),
-                    "zero_optimization.offload_optimizer / offload_param with device \"cpu\" is not supported on "
-                    "CUDA devices yet (allowed there: \"none\", or leave the sections out); on --device cpu it "
-                    "trains as without offload");
-  if (z.offload_param_device != "none" && z.stage != 3)
+  if (z.offload_optimizer_device != "none" && !z.offloads_optimizer())
+    log().warn("zero_optimization.offload_optimizer applies at stages 1-3 (stage is {}): ignored", z.stage);
+  if (z.offload_param_device != "none" && !z.offloads_params())
     log().warn("zero_optimization.offload_param applies at stage 3 only (stage is {}): ignored", z.stage);
-  log().info("zero_optimization offload to cpu (optimizer: {}, parameters: {}): this rank trains on the CPU, where "
-             "the model states already are; training runs as without offload",
-             z.offload_optimizer_device, z.offload_param_device);
+  if (!z.offloads_optimizer()) return;
+  log().info("ZeRO-Offload: fp32 master, optimizer states and a gradient copy in {} host memory, the update on the "
+             "CPU{}",
+             z.offload_optimizer_pin_memory && model_->device().is_cuda() ? "pinned" : "pageable",
+             z.offloads_params() ? "; the stage-3 parameter partitions in host memory too" : "");
 }
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<Topology> topology, std::unique_ptr<CausalLM> model,

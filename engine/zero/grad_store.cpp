@@ -6,6 +6,15 @@
 
 namespace autotp {
 
+InFlight GradStore::notifying(InFlight flight, int unit, torch::Tensor reduced) const {
+  if (!listener_) return flight;
+  flight.finish = [then = std::move(flight.finish), listener = listener_, unit, reduced = std::move(reduced)] {
+    if (then) then();
+    listener(unit, reduced);
+  };
+  return flight;
+}
+
 FlatGrads::FlatGrads(HeldParams& held, Topology& topo, UnitCollectives& comm, bool fp32_accumulation)
     : held_(held), topo_(topo), comm_(comm), fp32_accum_(fp32_accumulation) {}
 
@@ -71,8 +80,9 @@ void StepScatteredGrads::reduce_for_step() {
   for (size_t u = 0; u < held_.layout.units.size(); ++u) {
     const FlatUnit& unit = held_.layout.units[u];
     if (unit.length == 0) continue;
-    comm_.push(comm_.start_reduce_scatter(acc.narrow(0, unit.begin, unit.length),
-                                          held_.own_slice(acc, static_cast<int>(u)), /*accumulate=*/false));
+    torch::Tensor slice = held_.own_slice(acc, static_cast<int>(u));
+    comm_.push(notifying(comm_.start_reduce_scatter(acc.narrow(0, unit.begin, unit.length), slice, /*accumulate=*/false),
+                         static_cast<int>(u), slice));
     comm_.finish(1);
   }
   comm_.finish(0);
@@ -126,7 +136,8 @@ void BackwardScatteredGrads::reduce_unit(int unit) {
     }
   }
   only = torch::Tensor();
-  InFlight flight = comm_.start_reduce_scatter(buffer, held_.unit_part(part_, unit), /*accumulate=*/true);
+  torch::Tensor reduced = held_.unit_part(part_, unit);
+  InFlight flight = notifying(comm_.start_reduce_scatter(buffer, reduced, /*accumulate=*/true), unit, reduced);
   // The bucket lives until its reduction is complete (the lane holds it meanwhile).
   flight.release = [buffer = std::move(buffer), bucket_bytes]() mutable {
     buffer = torch::Tensor();

@@ -2,6 +2,10 @@
 
 namespace autotp {
 
+void copy_params(torch::Tensor dst, const torch::Tensor& src) {
+  dst.copy_(src, /*non_blocking=*/dst.is_cuda() && !src.is_cuda() && src.is_pinned());
+}
+
 FlatParams::FlatParams(HeldParams& held, UnitCollectives& comm) : held_(held), comm_(comm) {
   torch::NoGradGuard no_grad;
   flat_ = torch::zeros({held_.layout.padded}, held_.options);
@@ -21,7 +25,7 @@ void FlatParams::piece_updated(const PartitionPiece& piece, const torch::Tensor&
   if (held_.layout.stage == 0) return;
   // Stages 1-2: the unit's gather runs while the next piece is updated.
   if (master.defined())
-    flat_.narrow(0, piece.flat_begin, piece.length).copy_(master.narrow(0, piece.part_begin, piece.length));
+    copy_params(flat_.narrow(0, piece.flat_begin, piece.length), master.narrow(0, piece.part_begin, piece.length));
   if (held_.layout.dp == 1) return;
   const FlatUnit& unit = held_.layout.units[piece.unit];
   // The gather reads this rank's slice before the result is copied over it.

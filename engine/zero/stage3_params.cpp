@@ -1,15 +1,23 @@
 #include "autotp/zero/stage3_params.h"
 
+#include "autotp/base/device.h"
 #include "autotp/base/memory_counter.h"
 
 namespace autotp {
 
 Stage3Params::Stage3Params(HeldParams& held, UnitCollectives& comm, std::vector<std::vector<int>> use_units,
-                           bool prefetch, int64_t max_live)
-    : held_(held), comm_(comm), use_units_(std::move(use_units)), prefetch_(prefetch), max_live_(max_live) {
+                           bool prefetch, int64_t max_live, bool host_partition, bool pin)
+    : held_(held),
+      comm_(comm),
+      use_units_(std::move(use_units)),
+      prefetch_(prefetch),
+      max_live_(max_live),
+      host_partition_(host_partition) {
   torch::NoGradGuard no_grad;
   const FlatLayout& layout = held_.layout;
-  part_ = torch::empty({layout.part}, held_.options);
+  const torch::Device device = held_.options.device();
+  part_ = host_partition_ ? host_buffer(layout.part, held_.options.dtype().toScalarType(), device, pin)
+                          : torch::empty({layout.part}, held_.options);
   gathered_.assign(layout.units.size(), 0);
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const FlatUnit& unit = layout.units[u];
@@ -24,6 +32,13 @@ Stage3Params::Stage3Params(HeldParams& held, UnitCollectives& comm, std::vector<
     if (!whole(static_cast<int>(u))) free_storage(buffer);
     unit_buffers_.push_back(buffer);
   }
+}
+
+torch::Tensor Stage3Params::local_slice(int unit) const {
+  torch::Tensor local = held_.unit_part(part_, unit);
+  if (!host_partition_) return local;
+  const torch::Device device = held_.options.device();
+  return local.to(device, /*non_blocking=*/device.is_cuda() && local.is_pinned());
 }
 
 void Stage3Params::acquire_use(int64_t use) {
@@ -52,7 +67,9 @@ void Stage3Params::prefetch_use(int64_t use) {
     memory_tag_add(MemoryTag::kGatheredParams, static_cast<int64_t>(buffer.nbytes()));
     InFlight flight;
     try {
-      flight = comm_.start_all_gather(held_.unit_part(part_, unit), buffer);
+      torch::Tensor local = local_slice(unit);
+      flight = comm_.start_all_gather(local, buffer);
+      flight.release = [local]() mutable { local = torch::Tensor(); };  // the device copy lives until the gather is done
     } catch (...) {
       free_storage(buffer);
       memory_tag_add(MemoryTag::kGatheredParams, -static_cast<int64_t>(buffer.nbytes()));
@@ -89,7 +106,7 @@ void Stage3Params::acquire_unit(int unit) {
   const torch::Tensor& buffer = unit_buffers_[unit];
   allocate_storage(buffer);
   try {
-    comm_.all_gather(held_.unit_part(part_, unit), buffer);
+    comm_.all_gather(local_slice(unit), buffer);
   } catch (...) {
     free_storage(buffer);  // not counted as gathered: the next use gathers again
     throw;
@@ -147,8 +164,8 @@ void Stage3Params::begin_step() {
 void Stage3Params::redistribute(const torch::Tensor& master) {
   torch::NoGradGuard no_grad;
   release_pins();
-  if (master.defined()) part_.copy_(master);
-  if (const int w = held_.layout.whole_unit; w >= 0) comm_.all_gather(held_.unit_part(part_, w), unit_buffers_[w]);
+  if (master.defined()) copy_params(part_, master);
+  if (const int w = held_.layout.whole_unit; w >= 0) comm_.all_gather(local_slice(w), unit_buffers_[w]);
 }
 
 int64_t Stage3Params::bytes() const {

@@ -43,7 +43,7 @@ InFlight UnitCollectives::start_reduce_scatter(const torch::Tensor& unit_values,
   const int dp = dp_.size();
   const int64_t s = unit_values.numel() / dp;
   if (s == 0) return flight;
-  if (dp == 1) {  // one rank: the sum is the unit itself
+  if (dp_.solo()) {  // one rank: the sum is the unit itself
     if (unit_values.data_ptr() == out.data_ptr()) return flight;
     if (accumulate)
       out.add_(unit_values);
@@ -85,7 +85,7 @@ InFlight UnitCollectives::start_all_gather(const torch::Tensor& local, torch::Te
   const int dp = dp_.size();
   const int64_t s = local.numel();
   if (s == 0) return flight;
-  if (dp == 1) {
+  if (dp_.solo()) {
     if (unit_values.data_ptr() != local.data_ptr()) unit_values.copy_(local);
     return flight;
   }

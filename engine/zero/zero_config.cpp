@@ -5,7 +5,7 @@ namespace autotp {
 namespace {
 
 // DeepSpeed's offload sections; their other keys tune the transfers and the NVMe path.
-std::string read_offload(const JsonSection& zero, const std::string& key) {
+std::string read_offload(const JsonSection& zero, const std::string& key, bool& pin) {
   if (!zero.has(key)) return "none";
   const JsonSection o = zero.section(key, {"device", "pin_memory", "nvme_path", "buffer_count", "buffer_size",
                                            "max_in_cpu", "fast_init", "ratio", "pipeline", "pipeline_read",
@@ -14,7 +14,7 @@ std::string read_offload(const JsonSection& zero, const std::string& key) {
   o.check(device == "none" || device == "cpu", "device",
           device == "nvme" ? "cpu or none: offloading to NVMe is not supported; use \"device\": \"cpu\""
                            : "cpu or none");
-  o.boolean("pin_memory", false);  // type check; pinning matters for CUDA transfers only
+  pin = o.boolean("pin_memory", false);  // matters for CUDA transfers only
   return device;
 }
 
@@ -62,8 +62,12 @@ ZeroConfig ZeroConfig::read(const JsonSection& top) {
   z.allgather_partitions = s.boolean("allgather_partitions", z.allgather_partitions);
   z.reduce_scatter = s.boolean("reduce_scatter", z.reduce_scatter);
   z.round_robin_gradients = s.boolean("round_robin_gradients", z.round_robin_gradients);
-  z.offload_optimizer_device = read_offload(s, "offload_optimizer");
-  z.offload_param_device = read_offload(s, "offload_param");
+  z.offload_optimizer_device = read_offload(s, "offload_optimizer", z.offload_optimizer_pin_memory);
+  z.offload_param_device = read_offload(s, "offload_param", z.offload_param_pin_memory);
+  if (z.offloads_params() && !z.offloads_optimizer())
+    s.fail("{} is \"cpu\" but {} is not: autotp offloads the stage-3 parameters only together with the "
+           "optimizer (allowed: offload_optimizer {{\"device\": \"cpu\"}} as well, or offload_param \"none\")",
+           s.where("offload_param.device"), s.where("offload_optimizer.device"));
   return z;
 }
 
@@ -77,8 +81,10 @@ nlohmann::json ZeroConfig::to_json() const {
                       {"gather_16bit_weights_on_model_save", gather_16bit_weights_on_model_save}};
   if (overlap_comm) j["overlap_comm"] = *overlap_comm;  // unset: by device
   j["stage3_max_live_parameters"] = stage3_max_live_parameters;
-  if (offload_optimizer_device != "none") j["offload_optimizer"] = {{"device", offload_optimizer_device}};
-  if (offload_param_device != "none") j["offload_param"] = {{"device", offload_param_device}};
+  if (offload_optimizer_device != "none")
+    j["offload_optimizer"] = {{"device", offload_optimizer_device}, {"pin_memory", offload_optimizer_pin_memory}};
+  if (offload_param_device != "none")
+    j["offload_param"] = {{"device", offload_param_device}, {"pin_memory", offload_param_pin_memory}};
   return j;
 }
 

@@ -43,7 +43,9 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
       comm_(topology.dp(), config.zero.reduce_bucket_size, config.zero.allgather_bucket_size,
             config.zero.overlaps(model.device().is_cuda()) && topology.dp_size() > 1),
       scaler_(config.fp16),
-      optimizer_config_(config.optimizer) {
+      optimizer_config_(config.optimizer),
+      placement_{config.zero.offloads_optimizer(), config.zero.offloads_params()},
+      accumulation_steps_(config.gradient_accumulation_steps) {
   torch::NoGradGuard no_grad;
   std::vector<Parameter*> trained = held(model_, /*frozen=*/false);
   low_ = held_dtype(trained, model_.dtype());
@@ -69,12 +71,14 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
   const bool prefetch = comm_.overlap() && stage_ == 3 && config.zero.stage3_prefetch_bucket_size > 0;
   const int64_t max_live = config.zero.stage3_max_live_parameters;
   if (stage_ == 3) {
-    params_ = std::make_unique<Stage3Params>(*trained_, comm_, use_units, prefetch, max_live);
+    const bool pin = config.zero.offload_param_pin_memory;
+    params_ = std::make_unique<Stage3Params>(*trained_, comm_, use_units, prefetch, max_live, placement_.params, pin);
     std::vector<Parameter*> frozen = held(model_, /*frozen=*/true);
     if (!frozen.empty()) {
       const auto frozen_options = options.dtype(held_dtype(frozen, model_.dtype()));
       frozen_ = hold(std::move(frozen), units, topo_, stage_, threshold, frozen_options);
-      frozen_params_ = std::make_unique<Stage3Params>(*frozen_, comm_, use_units, prefetch, max_live);
+      frozen_params_ =
+          std::make_unique<Stage3Params>(*frozen_, comm_, use_units, prefetch, max_live, placement_.params, pin);
     }
   } else {
     params_ = std::make_unique<FlatParams>(*trained_, comm_);
@@ -82,6 +86,7 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
   // The frozen base's bytes by formula: its stage-3 layout, or every element it holds.
   if (frozen_) {
     frozen_analytic_bytes_ = analytic_frozen_bytes(frozen_->layout, model_.dtype());
+    frozen_analytic_host_ = analytic_frozen_host_bytes(frozen_->layout, model_.dtype(), placement_);
   } else {
     std::vector<const PlanEntry*> frozen_entries;
     for (auto& p : model_.parameters())
@@ -101,8 +106,20 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
   std::vector<const ShardSpec*> specs;
   for (const Parameter* p : trained_->params) specs.push_back(&p->spec());
   norm_ = std::make_unique<PartitionNorm>(specs, trained_->layout, topo_.tp_rank(), topo_.dp_rank());
-  if (mixed_) master_ = params_->partition(torch::kFloat32);  // an fp32 copy ([padded] at stage 0)
-  optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, trained_->layout.part, model_.device());
+  if (placement_.optimizer) {
+    // ZeRO-Offload: master, gradient copy and optimizer states in host memory, the update on the CPU.
+    const torch::ScalarType grad_dtype = fp32_accum_ ? torch::kFloat32 : low_;
+    offload_ = std::make_unique<OptimizerOffload>(*trained_, params_->partition(torch::kFloat32), grad_dtype, low_,
+                                                  config.zero.offload_optimizer_pin_memory, model_.device());
+    master_ = offload_->master();
+    grads_->on_reduced([this](int unit, const torch::Tensor& reduced) {
+      if (micro_batch_ + 1 >= accumulation_steps_) offload_->gradients_final(unit, reduced);
+    });
+    optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, trained_->layout.part, torch::kCPU);
+  } else {
+    if (mixed_) master_ = params_->partition(torch::kFloat32);  // an fp32 copy ([padded] at stage 0)
+    optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, trained_->layout.part, model_.device());
+  }
   if (stage_ >= 2) install_hooks();
 }
 
@@ -150,7 +167,7 @@ void ZeroOptimizer::install_hooks() {
 }
 
 torch::Tensor ZeroOptimizer::master_at(int64_t begin, int64_t length) const {
-  if (mixed_) return master_.narrow(0, begin, length);
+  if (master_.defined()) return master_.narrow(0, begin, length);
   return params_->at(begin, length);  // fp32: the parameters are the master
 }
 
@@ -166,6 +183,8 @@ void ZeroOptimizer::begin_step() {
   params_->begin_step();
   if (frozen_params_) frozen_params_->begin_step();
   grads_->begin_step();
+  micro_batch_ = 0;
+  if (offload_) offload_->begin_step();
 }
 
 void ZeroOptimizer::after_backward() {
@@ -173,6 +192,7 @@ void ZeroOptimizer::after_backward() {
   params_->after_backward();
   if (frozen_params_) frozen_params_->after_backward();
   grads_->after_backward();
+  ++micro_batch_;
 }
 
 StepOutcome ZeroOptimizer::step(double lr, bool skip) {
@@ -194,6 +214,7 @@ StepOutcome ZeroOptimizer::step(double lr, bool skip) {
   }
   const double coef = PartitionNorm::clip_coefficient(clip_, norm);
   const double scale = outcome.loss_scale;
+  if (offload_) offload_->collect_gradients([this](int64_t b, int64_t n) { return grads_at(b, n); });
   // Bucket by bucket: the partition's gradients upcast to fp32, unscaled, clipped, applied.
   optimizer_->begin_step();
   const int64_t chunk = std::min(comm_.reduce_bucket(), kUpdateChunk);
@@ -201,15 +222,15 @@ StepOutcome ZeroOptimizer::step(double lr, bool skip) {
     for (int64_t offset = 0; offset < piece.length; offset += chunk) {
       const int64_t n = std::min(chunk, piece.length - offset);
       const int64_t begin = piece.part_begin + offset;
-      torch::Tensor g = grads_at(begin, n);
+      torch::Tensor g = offload_ ? offload_->grads_at(begin, n) : grads_at(begin, n);
       if (g.scalar_type() != torch::kFloat32) g = g.to(torch::kFloat32);
       if (scale != 1) g.div_(scale);
       if (coef < 1) g.mul_(coef);
       optimizer_->update(begin, master_at(begin, n), g, lr);
     }
-    params_->piece_updated(piece, master_);
+    params_->piece_updated(piece, offload_ ? offload_->staged(piece) : master_);
   }
-  params_->after_update(master_);
+  params_->after_update(offload_ ? offload_->staging() : master_);
   return outcome;
 }
 
@@ -252,7 +273,7 @@ void ZeroOptimizer::load_partition_state(const torch::Tensor& master,
   TORCH_CHECK(master.numel() == trained_->layout.part && master.scalar_type() == torch::kFloat32,
               "ZeroOptimizer::load_partition_state: master has ", master.numel(), " ", master.scalar_type(),
               " elements, the partition ", trained_->layout.part, " float");
-  if (mixed_) master_.copy_(master);
+  if (master_.defined()) master_.copy_(master);
   params_->load(master);
   for (auto& [name, tensor] : optimizer_->state()) {
     auto found = optimizer.find(name);
@@ -266,6 +287,7 @@ void ZeroOptimizer::load_partition_state(const torch::Tensor& master,
 torch::Tensor ZeroOptimizer::gather_master(int64_t begin, int64_t end) {
   torch::NoGradGuard no_grad;
   if (stage_ == 0) return master_at(begin, end - begin).to(torch::kFloat32);
+  // The collective runs on the device (an offloaded master lives in host memory).
   // Each rank contributes the part of [begin, end) inside its slice of the unit.
   const FlatLayout& layout = trained_->layout;
   const std::vector<int64_t> shares = layout.range_shares(begin, end);
@@ -276,7 +298,7 @@ torch::Tensor ZeroOptimizer::gather_master(int64_t begin, int64_t end) {
   const int64_t lo = std::clamp(begin, own_lo, own_lo + slice);
   const int64_t mine = shares[topo_.dp_rank()];
   auto local = mine == 0 ? torch::empty({0}, trained_->options.dtype(torch::kFloat32))
-                         : master_at(u.begin / layout.dp + (lo - own_lo), mine).to(torch::kFloat32);
+                         : master_at(u.begin / layout.dp + (lo - own_lo), mine).to(model_.device(), torch::kFloat32);
   return topo_.dp().all_gather(local.contiguous(), 0, shares);
 }
 
@@ -284,10 +306,16 @@ ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   ModelStateBytes b;
   b.params = params_->bytes();
   b.grads = grads_->bytes();
-  b.master_weights = mixed_ ? master_.numel() * static_cast<int64_t>(master_.element_size()) : 0;
+  b.master_weights = master_.defined() ? static_cast<int64_t>(master_.nbytes()) : 0;
   b.optimizer_states = optimizer_->state_bytes();
+  if (offload_) {
+    b.offload_buffers = offload_->buffer_bytes();
+    b.host = b.master_weights + b.optimizer_states + b.offload_buffers;
+  }
+  b.host += params_->host_bytes();
   if (frozen_params_) {
     b.frozen_params = frozen_params_->bytes();
+    b.host += frozen_params_->host_bytes();
   } else {
     for (auto& p : model_.parameters())
       if (!p.trains()) b.frozen_params += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
@@ -296,8 +324,9 @@ ModelStateBytes ZeroOptimizer::model_state_bytes() const {
 }
 
 ModelStateBytes ZeroOptimizer::analytic_model_state() const {
-  ModelStateBytes b = analytic_model_state_bytes(trained_->layout, low_, optimizer_config_, fp32_accum_);
+  ModelStateBytes b = analytic_model_state_bytes(trained_->layout, low_, optimizer_config_, fp32_accum_, placement_);
   b.frozen_params = frozen_analytic_bytes_;
+  b.host += frozen_analytic_host_;
   return b;
 }
 }  // namespace autotp

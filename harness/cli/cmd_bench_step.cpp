@@ -17,6 +17,7 @@
 #include "autotp/arch/model_flops.h"
 #include "autotp/base/device.h"
 #include "autotp/base/error.h"
+#include "autotp/base/json_file.h"
 #include "autotp/base/quantile.h"
 #include "autotp/base/log.h"
 #include "autotp/runtime/step_comm_volume.h"
@@ -61,7 +62,7 @@ int env_int(const char* name) {
 std::string volume_cell(const CollectiveVolume& v) { return fmt::format("{} / {}", v.calls, v.bytes); }
 
 struct Args {
-  std::string model, json, dtype = "f32", profile;
+  std::string model, json, dtype = "f32", profile, config;
   int tp = 1, zero = 0;
   int64_t micro_batch = 4, seq_len = 256, gas = 1, steps = 5, warmup = 2;
   bool checkpointing = false, sequence_parallel = false, tp_overlap_comm = false;
@@ -85,7 +86,18 @@ TrainConfig bench_config(const Args& args, torch::ScalarType dtype, int world_si
   if (dtype == torch::kBFloat16) ds["bf16"] = {{"enabled", true}};
   if (args.checkpointing) ds["activation_checkpointing"] = {{"enabled", true}};
   if (args.overlap_comm) ds["zero_optimization"]["overlap_comm"] = *args.overlap_comm;
-  auto config = TrainConfig::from_json(ds, "bench-step");
+  if (!args.config.empty()) {
+    // The file's keys win over the flags' (e.g. zero_optimization.offload_optimizer); the stage must agree.
+    const nlohmann::json file = read_json_file(args.config, "--config");
+    AUTOTP_USER_CHECK(file.is_object(), "{}: a DeepSpeed config must be a JSON object", args.config);
+    const nlohmann::json stage = file.value(nlohmann::json::json_pointer("/zero_optimization/stage"), nlohmann::json(args.zero));
+    AUTOTP_USER_CHECK(stage == nlohmann::json(args.zero),
+                      "{}: zero_optimization.stage is {} but --zero is {} (allowed: the same stage, or leave the key "
+                      "out)",
+                      args.config, stage.dump(), args.zero);
+    ds.merge_patch(file);
+  }
+  auto config = TrainConfig::from_json(ds, args.config.empty() ? "bench-step" : args.config);
   config.resolve_batch(world_size);
   return config;
 }
@@ -177,6 +189,10 @@ void add_bench_step_options(CLI::App& cmd, Args& args) {
       "--overlap-comm", args.overlap_comm,
       "zero_optimization.overlap_comm: ZeRO collectives behind compute (default: on for CUDA, off on CPU)");
   cmd.add_option("--seed", args.seed, "Seed of the weights and the random tokens (default 1)");
+  cmd.add_option("--config", args.config,
+                 "A DeepSpeed JSON merged over the config the flags build (its keys win; its "
+                 "zero_optimization.stage must equal --zero), e.g. bench/configs/offload_zero2.json")
+      ->check(CLI::ExistingFile);
   cmd.add_option("--json", args.json, "Write the result as JSON here (rank 0)");
   cmd.add_option(
       "--profile", args.profile,

@@ -40,6 +40,32 @@ std::string cuda_device_name(const torch::Device& device);  // "NVIDIA H200"; ""
 // vendor's spec, no sparsity), 0 when unknown.
 double bf16_peak_flops(const std::string& gpu_name);
 
+// A host tensor of `numel` elements for a rank on `device` (ZeRO-Offload's
+// buffers): page-locked when `pin` and the device is CUDA, so that copies to and
+// from the GPU run asynchronously; pinning that cannot be granted logs one
+// warning and falls back to pageable memory. On CPU devices a plain tensor.
+torch::Tensor host_buffer(int64_t numel, torch::ScalarType dtype, const torch::Device& device, bool pin);
+
+// Copies between a GPU and host memory on a stream of their own, so that they run
+// beside the compute stream. Each copy starts after the work queued so far on
+// the current stream; tensors on the GPU are kept alive until their copy is done.
+// On CPU devices copies happen at once and the waits are no-ops.
+class CopyStream {
+ public:
+  explicit CopyStream(const torch::Device& device);
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+  void copy(const torch::Tensor& dst, const torch::Tensor& src);
+  void wait_host();     // the host waits for every copy issued so far
+  void wait_current();  // the current stream waits for them (before its kernels read copied data)
+
+ private:
+  struct Stream;  // the CUDA stream (device.cpp)
+  torch::Device device_;
+  std::unique_ptr<Stream> stream_;
+};
+
 // Times phases of GPU work with CUDA events on the current stream (host clocks
 // around asynchronous kernels would time their launch). On CPU it reads the
 // steady clock. mark() records a point; seconds() waits for the last point and

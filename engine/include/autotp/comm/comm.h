@@ -118,6 +118,12 @@ class Comm {
   CommWork start_reduce_scatter(torch::Tensor& out, const torch::Tensor& full, const std::vector<int64_t>& sizes = {});
   // Blocks until every collective started on this group's lane has run.
   void wait_all();
+  // A group of one returns from every collective at once; after this call it
+  // runs them through its process group and lane like any group (tests of the
+  // NCCL and Gloo code paths where one GPU allows one rank). Needs a group.
+  void communicate_alone();
+  // True when collectives return at once: a group of one that did not call communicate_alone.
+  bool solo() const { return size_ == 1 && alone_shortcut_; }
   // Comms over the same process group must share one lane (Topology does this).
   void share_lane_with(const Comm& other);
 
@@ -168,6 +174,7 @@ class Comm {
   torch::Tensor reduce_scatter_shared_memory(const torch::Tensor& full, const std::vector<int64_t>& extents);
   // True when `tensor`'s collectives run on NCCL (a CUDA tensor in an NCCL group).
   bool on_nccl(const torch::Tensor& tensor) const { return backend_ == Backend::kNccl && tensor.is_cuda(); }
+  bool alone_shortcut_ = true;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::vector<int> global_ranks_;

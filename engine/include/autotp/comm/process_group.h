@@ -31,9 +31,19 @@ c10::intrusive_ptr<c10d::Store> create_file_store(const std::string& path, int w
 c10::intrusive_ptr<c10d::Store> prefix_store(const std::string& prefix, c10::intrusive_ptr<c10d::Store> store);
 
 // A process group over `store` for `size` ranks; this process is `rank`.
+// `timeout` bounds the rendezvous and every collective (NCCL's watchdog reports a
+// stuck collective after it). With NCCL the group is bound to this rank's GPU
+// (the current CUDA device) and its communicator is created here, eagerly (what
+// `device_id=` does in Python), so a rank that cannot join fails now, not
+// inside its first collective.
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(Backend backend,
                                                             c10::intrusive_ptr<c10d::Store> store,
                                                             int rank, int size,
                                                             std::chrono::milliseconds timeout);
+
+// Ends a group's backends explicitly: shutdown (NCCL: finishes and frees its
+// communicators) or, after an error, abort (NCCL: aborts them at once, so a
+// peer that died cannot hold this rank in a collective).
+void close_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, bool abort);
 
 }  // namespace autotp

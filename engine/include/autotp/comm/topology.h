@@ -48,6 +48,10 @@ class Topology {
   static std::vector<int> tp_group_ranks(int rank, int world_size, int tp_size);
   static std::vector<int> dp_group_ranks(int rank, int world_size, int tp_size);
 
+  // Waits for the groups' started collectives, then closes NCCL groups
+  // explicitly: shutdown, or abort while an exception unwinds (a peer may be gone).
+  ~Topology();
+
   Comm& world() { return *world_; }
   Comm& tp() { return *tp_; }
   Comm& dp() { return *dp_; }
@@ -56,6 +60,7 @@ class Topology {
   int rank_ = 0, world_size_ = 1, tp_size_ = 1;
   c10::intrusive_ptr<c10d::Store> store_;  // kept alive with the groups (rank 0 hosts a TCPStore)
   std::unique_ptr<Comm> world_, tp_, dp_;
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> nccl_groups_;  // closed by the destructor
 };
 
 }  // namespace autotp

@@ -90,7 +90,7 @@ class Trainer {
   void restore(const TrainerState& state);
 
  private:
-  // Logs how the zero_optimization offload sections apply (UserError on CUDA devices).
+  // Logs how the zero_optimization offload sections apply at this stage.
   void report_offload() const;
   // The parts of train_step. check_tp_consistency throws when the ranks of a tp group got different batches.
   void check_tp_consistency(const std::vector<Batch>& micro_batches);

@@ -12,6 +12,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "autotp/comm/topology.h"
 #include "autotp/zero/held_params.h"
 #include "autotp/zero/unit_collectives.h"
@@ -28,6 +30,15 @@ class GradStore {
   // The partition's reduced gradients at [begin, +length) (inside one piece).
   virtual torch::Tensor at(int64_t begin, int64_t length) const = 0;
   virtual int64_t bytes() const = 0;
+  // Called on this thread with a unit's reduced partition gradients [slice] as soon
+  // as that unit's reduction over dp has completed (stages 1-3; ZeRO-Offload's copies).
+  using ReducedListener = std::function<void(int unit, const torch::Tensor& reduced)>;
+  void on_reduced(ReducedListener listener) { listener_ = std::move(listener); }
+
+ protected:
+  // `flight`, which reduces `unit` into `reduced`, also tells the listener when done.
+  InFlight notifying(InFlight flight, int unit, torch::Tensor reduced) const;
+  ReducedListener listener_;
 };
 
 // Stages 0-1: the held parameters' .grad are views of one flat buffer.

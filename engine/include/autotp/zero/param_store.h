@@ -42,7 +42,13 @@ class ParamStore {
   // Stage 3: every parameter whole until the next step.
   virtual void gather_all() {}
   virtual int64_t bytes() const = 0;  // model-dtype parameter bytes held between steps
+  virtual int64_t host_bytes() const { return 0; }  // of bytes(), those in host memory (ZeRO-Offload)
 };
+
+// dst.copy_(src), asynchronous when it goes from page-locked host memory to the
+// GPU (ZeRO-Offload's staged parameters): the host buffer is not rewritten
+// before later work on the stream has run.
+void copy_params(torch::Tensor dst, const torch::Tensor& src);
 
 class FlatParams : public ParamStore {
  public:

@@ -5,7 +5,9 @@
 // whole (the persistent unit, stage3_param_persistence_threshold). With
 // prefetch the next use's units are gathered while the current one computes,
 // within stage3_max_live_parameters. Units are counted: a unit two uses read
-// is freed when the last releases it.
+// is freed when the last releases it. With `host_partition` (ZeRO-Offload's
+// offload_param) the partition lives in host memory and a gather first copies
+// the rank's slice to the device; the persistent unit stays on the device.
 #pragma once
 #include <map>
 #include <vector>
@@ -20,7 +22,7 @@ class Stage3Params : public ParamStore {
   // Moves the parameters into their unit buffers unit by unit (each freed once
   // its slice is in the partition, so the whole model never exists twice).
   Stage3Params(HeldParams& held, UnitCollectives& comm, std::vector<std::vector<int>> use_units, bool prefetch,
-               int64_t max_live);
+               int64_t max_live, bool host_partition = false, bool pin = false);
   torch::Tensor at(int64_t begin, int64_t length) const override { return part_.narrow(0, begin, length); }
   torch::Tensor partition(torch::ScalarType dtype) const override {
     return dtype == part_.scalar_type() ? part_ : part_.to(dtype);
@@ -35,6 +37,7 @@ class Stage3Params : public ParamStore {
   void prefetch_use(int64_t use) override;
   void gather_all() override;
   int64_t bytes() const override;
+  int64_t host_bytes() const override { return host_partition_ ? static_cast<int64_t>(part_.nbytes()) : 0; }
 
  private:
   void acquire_unit(int unit);  // gather (counted), or complete its prefetch
@@ -44,12 +47,14 @@ class Stage3Params : public ParamStore {
   void release_pins();
   void release_stale_units();  // frees units still held outside a use
   bool whole(int unit) const { return unit == held_.layout.whole_unit; }
+  torch::Tensor local_slice(int unit) const;  // this rank's slice of `unit`, on the device
 
   HeldParams& held_;
   UnitCollectives& comm_;
   std::vector<std::vector<int>> use_units_;
   bool prefetch_;
-  int64_t max_live_;  // prefetch only while the gathered elements stay within this
+  int64_t max_live_;
+  bool host_partition_;  // prefetch only while the gathered elements stay within this
   torch::Tensor part_;                       // this rank's partition
   std::vector<torch::Tensor> unit_buffers_;  // per unit, its whole buffer (storage freed when released)
   std::vector<int> gathered_;                // holders per unit

@@ -33,13 +33,17 @@ struct ZeroConfig {
   bool allgather_partitions = true;                // the gather is always an all-gather
   bool reduce_scatter = true;                      // stages 2-3 always reduce-scatter
   bool round_robin_gradients = false;              // gradients are partitioned in flat-buffer order
-  // ZeRO-Offload ("offload_optimizer" at stages 1-3, "offload_param" at stage 3):
-  // "none" or "cpu" ("nvme" is refused). On a CPU device the states already live
-  // in host memory, so training runs as without offload (one log line says so);
-  // CUDA devices refuse it until ZeRO-Offload has its own code path.
+  // ZeRO-Offload (zero/optimizer_offload.h): "none" or "cpu" ("nvme" is refused).
+  // offload_optimizer applies at stages 1-3 (at stage 0 it is ignored with a
+  // warning, as offload_param is below stage 3); offload_param at stage 3 needs
+  // offload_optimizer too. pin_memory: page-locked host buffers (CUDA only).
   std::string offload_optimizer_device = "none";
   std::string offload_param_device = "none";
+  bool offload_optimizer_pin_memory = false;
+  bool offload_param_pin_memory = false;
   bool offloads() const { return offload_optimizer_device != "none" || offload_param_device != "none"; }
+  bool offloads_optimizer() const { return offload_optimizer_device == "cpu" && stage >= 1; }
+  bool offloads_params() const { return offload_param_device == "cpu" && stage == 3; }
 
   static ZeroConfig read(const JsonSection& top);  // top["zero_optimization"]
   nlohmann::json to_json() const;                  // overlap_comm only when set

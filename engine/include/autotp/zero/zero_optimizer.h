@@ -31,7 +31,11 @@
 // stage 3 the next use's units are gathered while the current one computes
 // (stage3_prefetch_bucket_size > 0): forward prefetches the next layer,
 // backward the previous one. The collectives and their order are the same
-// with or without overlap, so the results are bit-identical. Not thread safe.
+// with or without overlap, so the results are bit-identical.
+// ZeRO-Offload (offload_optimizer at stages 1-3, optimizer_offload.h): the
+// master, the optimizer states and a gradient copy live in host memory and the
+// update runs on the CPU; offload_param (stage 3) keeps the parameter partition
+// there too (stage3_params.h). Same arithmetic, so the same results. Not thread safe.
 #pragma once
 #include <torch/torch.h>
 
@@ -47,6 +51,7 @@
 #include "autotp/zero/grad_store.h"
 #include "autotp/zero/held_params.h"
 #include "autotp/zero/model_state_bytes.h"
+#include "autotp/zero/optimizer_offload.h"
 #include "autotp/zero/param_store.h"
 #include "autotp/zero/partition_norm.h"
 #include "autotp/zero/unit_collectives.h"
@@ -111,8 +116,9 @@ class ZeroOptimizer {
   ModelStateBytes analytic_model_state() const;
   // The formula for one layout (no buffers consulted).
   static ModelStateBytes analytic_bytes(const FlatLayout& layout, torch::ScalarType dtype,
-                                        const OptimizerConfig& optimizer, bool fp32_grad_accumulation) {
-    return analytic_model_state_bytes(layout, dtype, optimizer, fp32_grad_accumulation);
+                                        const OptimizerConfig& optimizer, bool fp32_grad_accumulation,
+                                        OffloadPlacement offload = {}) {
+    return analytic_model_state_bytes(layout, dtype, optimizer, fp32_grad_accumulation, offload);
   }
   int64_t local_numel() const { return trained_->layout.local_numel; }
   int64_t padded_numel() const { return trained_->layout.padded; }
@@ -123,6 +129,7 @@ class ZeroOptimizer {
   // The dtype of the held (trained) parameters: the model's, or fp32 adapters under LoRA.
   torch::ScalarType dtype() const { return low_; }
   int stage() const { return stage_; }
+  OffloadPlacement offload() const { return placement_; }
   bool fp32_grad_accumulation() const { return fp32_accum_; }
 
   // Checkpoints: this rank's partition [part] (copies at stages 1-2).
@@ -160,11 +167,16 @@ class ZeroOptimizer {
   std::unique_ptr<ParamStore> frozen_params_;
   std::vector<std::vector<int>> reduce_after_use_;  // per use + 1: units reduced when its backward ends
   std::unique_ptr<PartitionNorm> norm_;
-  torch::Tensor master_;  // fp32 master partition (mixed precision only)
+  torch::Tensor master_;  // fp32 master partition (mixed precision, or offloaded: in host memory)
+  std::unique_ptr<OptimizerOffload> offload_;  // ZeRO-Offload of the update, or null
   std::unique_ptr<FlatOptimizer> optimizer_;
   LossScaler scaler_;
   OptimizerConfig optimizer_config_;
   int64_t frozen_analytic_bytes_ = 0;  // the frozen base's formula (fixed: computed once)
+  int64_t frozen_analytic_host_ = 0;   // of it, in host memory (offload_param)
+  OffloadPlacement placement_;
+  int64_t accumulation_steps_;
+  int64_t micro_batch_ = 0;  // backward passes since begin_step
 };
 
 }  // namespace autotp
