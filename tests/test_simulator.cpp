@@ -181,7 +181,8 @@ struct OffloadCase {
   RankShape shape = rank_shape(model.config, build_plan(model.config, 1), 0);
   ClusterSpec cluster = find_cluster("8xA100-80GB");
   static constexpr int64_t psi = 6738415616, part = psi / 8;
-  SimLayout at(int stage, torch::ScalarType dtype, int64_t gas = 1, bool optimizer = true, bool params = false) const {
+  SimLayout at(int stage, torch::ScalarType dtype, int64_t gas = 1, bool optimizer = true,
+               bool params = false) const {
     SimLayout l = layout(8, 1, stage, dtype);
     l.gas = gas;
     l.persistence_threshold = 0;

@@ -262,7 +262,8 @@ void run_scenario(const SimulateArgs& args) {
 
   // A report may end in hand-written text (runs pasted from the CLI, say): from
   // this line on an existing file is kept as it is.
-  const std::string kept_marker = "<!-- Not generated: `autotp simulate --scenario --markdown` keeps what follows. -->";
+  const std::string kept_marker =
+      "<!-- Not generated: `autotp simulate --scenario --markdown` keeps what follows. -->";
   std::string report = scenario_markdown(args, s, cluster, base, names, variants, all);
   if (std::filesystem::exists(args.markdown)) {
     const std::string old = io::read_text_file(args.markdown);
@@ -422,11 +423,11 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--lora-targets", args->lora_targets,
                   "LoRA target_modules: all-linear (default) or comma-separated names (q_proj,k_proj,v_proj,o_proj)");
   cmd->add_flag("--offload-optimizer", args->offload_optimizer,
-                "zero_optimization.offload_optimizer {\"device\": \"cpu\"}: fp32 master weights and optimizer states in "
-                "host memory, the update on the CPU (ZeRO stages 1-3; ignored at 0)");
+                "zero_optimization.offload_optimizer {\"device\": \"cpu\"}: fp32 master weights and "
+                "optimizer states in host memory, the update on the CPU (ZeRO stages 1-3; ignored at 0)");
   cmd->add_flag("--offload-param", args->offload_param,
-                "zero_optimization.offload_param {\"device\": \"cpu\"}: the ZeRO-3 parameter partition in host memory "
-                "(stage 3, with --offload-optimizer)");
+                "zero_optimization.offload_param {\"device\": \"cpu\"}: the ZeRO-3 parameter partition in "
+                "host memory (stage 3, with --offload-optimizer)");
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->add_flag("--sweep", args->sweep, "Every valid (tp, zero) for --gpus, sorted by tokens/s");
   cmd->add_option("--markdown", args->markdown, "Also write the sweep / scenario report as markdown here");

@@ -83,7 +83,7 @@ struct HostBytes {
 HostBytes offloaded_bytes(const SimLayout& layout, int64_t part, torch::ScalarType trained_dtype);
 
 struct MemoryEstimate {
-  ModelStateBytes states;          // on the device between steps (the engine's formula, less what is offloaded)
+  ModelStateBytes states;          // on the device between steps (the engine's formula less what is offloaded)
   HostBytes host;                  // ZeRO-Offload: host memory of this rank
   // Each kind below is its largest amount during the step; `total` is the peak of the sum.
   int64_t activations = 0;         // saved activations + backward transients (one micro-batch) + the batch

@@ -117,10 +117,12 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
     r.notes.push_back(fmt::format("does not fit: peak {} > usable {} per GPU", format_bytes(r.memory.total),
                                   format_bytes(r.usable_bytes)));
   if (layout.offload_optimizer && layout.zero_stage == 0)
-    r.notes.push_back("offload_optimizer is ignored at ZeRO stage 0 (as the engine does: it offloads a partition)");
+    r.notes.push_back("offload_optimizer is ignored at ZeRO stage 0 (as the engine does: it offloads a "
+                      "partition)");
   const int64_t node_host = r.memory.host.total() * std::min(layout.gpus, cluster.gpus_per_node);
   if (node_host > cluster.host_memory_bytes && cluster.host_memory_bytes > 0)
-    r.notes.push_back(fmt::format("the node's ranks need {} of host memory for the offloaded states, more than its {}",
+    r.notes.push_back(fmt::format("the node's ranks need {} of host memory for the offloaded states, more than "
+                                  "its {}",
                                   format_bytes(static_cast<double>(node_host)),
                                   format_bytes(static_cast<double>(cluster.host_memory_bytes))));
   return r;
@@ -167,7 +169,8 @@ std::string format_result(const SimResult& r) {
                    m.peak_phase == "optimizer" ? "optimizer" : "forward/backward", format_bytes(r.usable_bytes),
                    r.fits ? "fits" : "DOES NOT FIT");
   if (l.offloads_optimizer()) {
-    s += fmt::format("host memory per rank (ZeRO-Offload{}):\n", l.offloads_params() ? ", parameters too" : "");
+    s += fmt::format("host memory per rank (ZeRO-Offload{}):\n",
+                     l.offloads_params() ? ", parameters too" : "");
     row("fp32 master weights", m.host.master_weights);
     row("optimizer moments", m.host.optimizer_states);
     row("gradient partition", m.host.grads);

@@ -237,7 +237,8 @@ double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSp
                                   + e.fwd(part, 10);  // clip + AdamW (decay, two moments, sqrt, div, add, update)
   return e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
          + update
-         + (sixteen && s.trained_numel == s.local_numel && !offload ? e.fwd(part, 1) : 0)  // master weights back to 16 bits
+         // master weights back to 16 bits (on the host with offload)
+         + (sixteen && s.trained_numel == s.local_numel && !offload ? e.fwd(part, 1) : 0)
          + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
          + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
 }
@@ -296,7 +297,7 @@ void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
 // ZeRO collective seconds by the compute they run beside: what overlap_comm can hide.
 struct HideableComm {
   double behind_forward = 0, behind_backward = 0, behind_update = 0;
-  double step_reductions = 0;  // stage 1: the reduce-scatters at the step (offloaded gradient copies follow them)
+  double step_reductions = 0;  // stage 1: the reduce-scatters at the step (offloaded copies follow them)
 };
 
 // The engine's own list of the step's ZeRO collectives (zero_traffic.h) is built from this.
@@ -418,7 +419,8 @@ void add_offload(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   const ZeroUnits ids{config.num_layers};
   const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, s.tp_rank, dp, stage, l.persistence_threshold);
   const double link = c.host_link_bytes_per_s;
-  auto slice = [&](int u) { return u < static_cast<int>(flat.units.size()) ? flat.units[u].length / dp : int64_t{0}; };
+  const int units = static_cast<int>(flat.units.size());
+  auto slice = [&](int u) { return u < units ? flat.units[u].length / dp : int64_t{0}; };
   const double fb = t.gemm_s + t.elementwise_s, forward_share = 1.0 / (l.recompute() ? 4 : 3);
   const double gas = static_cast<double>(l.gas);
 
@@ -428,7 +430,7 @@ void add_offload(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   int64_t last_copied = 0;  // elements whose copies nothing runs beside
   double window = 0;
   if (stage == 1) {
-    for (int u = 0; u < static_cast<int>(flat.units.size()); ++u) last_copied = std::max(last_copied, slice(u));
+    for (int u = 0; u < units; ++u) last_copied = std::max(last_copied, slice(u));
     window = hide.step_reductions;
   } else {
     // The units reduced at the backward's end (zero_traffic.h's reduced_behind).
