@@ -1,8 +1,11 @@
 // The simulator's formulas against closed forms: published parameter counts of
-// the catalog models, the ZeRO paper's model-state bytes, full-recomputation
+// the catalog models, the ZeRO paper's model-state bytes, ZeRO-Offload's device,
+// host and PCIe bytes, full-recomputation
 // activations (2 s b h per layer), training FLOPs, collective counts and ring
 // costs; and the CLI: --json fields, sweeps, bad input (exit code 2),
 // simulate-only scenario files (--scenario: the single layouts, strict keys).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -17,6 +20,7 @@
 #include "autotp/zero/flat_layout.h"
 #include "autotp/zero/zero_units.h"
 #include "simulator/simulator.h"
+#include "support/checks.h"
 #include "support/cli_runner.h"
 
 namespace autotp::sim {
@@ -168,6 +172,137 @@ TEST(SimulatorMemory, OptimizerTemporariesAreTheEnginesChunks) {
   l.cuda = false;
   EXPECT_EQ(estimate_memory(model.config, shape, l).optimizer_temporaries,
             std::max(8 * kGradNormChunkCpu, 4 * kUpdateChunk));
+}
+
+// ZeRO-Offload (docs/simulator.md): Llama-2-7B at tp 1, dp 8 (Psi divisible by 8,
+// every tensor partitioned), so the partition is Psi / 8 and the closed forms exact.
+struct OffloadCase {
+  ResolvedModel model = resolve_sim_model("llama2-7b");
+  RankShape shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+  ClusterSpec cluster = find_cluster("8xA100-80GB");
+  static constexpr int64_t psi = 6738415616, part = psi / 8;
+  SimLayout at(int stage, torch::ScalarType dtype, int64_t gas = 1, bool optimizer = true,
+               bool params = false) const {
+    SimLayout l = layout(8, 1, stage, dtype);
+    l.gas = gas;
+    l.persistence_threshold = 0;
+    l.offload_optimizer = optimizer;
+    l.offload_param = params;
+    return l;
+  }
+  MemoryEstimate memory(const SimLayout& l) const { return estimate_memory(model.config, shape, l); }
+  TimeEstimate time(const SimLayout& l) const { return estimate_time(model.config, shape, l, cluster); }
+};
+
+TEST(SimulatorOffload, OptimizerOffloadMovesMasterAndStatesToTheHost) {
+  const OffloadCase c;
+  const int64_t part = OffloadCase::part;
+  for (int stage : {1, 2, 3}) {
+    for (int64_t gas : {1, 4}) {
+      SCOPED_TRACE(fmt::format("stage {} gas {}", stage, gas));
+      const MemoryEstimate off = c.memory(c.at(stage, torch::kBFloat16, gas, false));
+      const MemoryEstimate on = c.memory(c.at(stage, torch::kBFloat16, gas));
+      // The device drops exactly the fp32 master partition and the two AdamW moments.
+      EXPECT_EQ(off.states.master_weights + off.states.optimizer_states, 12 * part);
+      EXPECT_EQ(off.states.total() - on.states.total(), 12 * part);
+      EXPECT_EQ(on.states.params, off.states.params);
+      EXPECT_EQ(on.states.grads, off.states.grads);
+      EXPECT_EQ(off.forward_backward_peak - on.forward_backward_peak, 12 * part);
+      EXPECT_EQ(off.host.total(), 0);
+      // Host: master 4 + moments 8 + the gradient copy (fp32 when accumulating) + the bf16 staging copy.
+      EXPECT_EQ(on.host.master_weights, 4 * part);
+      EXPECT_EQ(on.host.optimizer_states, 8 * part);
+      EXPECT_EQ(on.host.grads, (gas > 1 ? 4 : 2) * part);
+      EXPECT_EQ(on.host.params, 2 * part);
+      EXPECT_EQ(on.host.total(), (gas > 1 ? 18 : 16) * part);
+      // PCIe per step: the gradient partition down, the updated bf16 partition up.
+      const TimeEstimate t = c.time(c.at(stage, torch::kBFloat16, gas));
+      EXPECT_EQ(t.pcie_d2h_bytes, (gas > 1 ? 4 : 2) * part);
+      EXPECT_EQ(t.pcie_h2d_bytes, 2 * part);
+    }
+  }
+  // fp32 training has no separate master on the device, but the host keeps one (and no staging copy).
+  const MemoryEstimate off32 = c.memory(c.at(2, torch::kFloat32, 1, false));
+  const MemoryEstimate on32 = c.memory(c.at(2, torch::kFloat32));
+  EXPECT_EQ(off32.states.total() - on32.states.total(), 8 * part);
+  EXPECT_EQ(on32.host.total(), (4 + 8 + 4) * part);
+  EXPECT_EQ(on32.host.params, 0);
+  EXPECT_EQ(c.time(c.at(2, torch::kFloat32)).pcie_h2d_bytes, 4 * part);
+}
+
+TEST(SimulatorOffload, ParamOffloadMovesTheStageThreePartition) {
+  const OffloadCase c;
+  const int64_t part = OffloadCase::part;
+  for (int64_t gas : {1, 2}) {
+    const MemoryEstimate opt = c.memory(c.at(3, torch::kBFloat16, gas));
+    const MemoryEstimate both = c.memory(c.at(3, torch::kBFloat16, gas, true, true));
+    EXPECT_EQ(opt.states.params, 2 * part);
+    EXPECT_EQ(both.states.params, 0);  // threshold 0: no persistent tensors stay
+    EXPECT_EQ(opt.states.total() - both.states.total(), 2 * part);
+    EXPECT_EQ(both.host.params, 2 * part);  // the partition itself, no staging copy beside it
+    EXPECT_EQ(both.host.total(), opt.host.total());
+    // Every gather copies the rank's slice in: forward and backward of each layer
+    // and the head, the embeddings once (untied), per micro-batch.
+    const TimeEstimate t = c.time(c.at(3, torch::kBFloat16, gas, true, true));
+    const int64_t embed_slice = int64_t{32000} * 4096 / 8;
+    EXPECT_EQ(t.pcie_h2d_bytes, gas * 2 * (2 * part - embed_slice));
+    EXPECT_EQ(t.pcie_d2h_bytes, (gas > 1 ? 4 : 2) * part);
+  }
+  // With the default threshold the persistent tensors (the norms) stay on the device.
+  SimLayout l = c.at(3, torch::kBFloat16, 1, true, true);
+  l.persistence_threshold = 100000;
+  const int64_t norms = (2 * 32 + 1) * 4096;
+  EXPECT_EQ(c.memory(l).states.params, 2 * norms);
+}
+
+TEST(SimulatorOffload, TimeComponentsAddUpToTheStep) {
+  const OffloadCase c;
+  const int64_t part = OffloadCase::part;
+  const TimeEstimate t = c.time(c.at(2, torch::kBFloat16));
+  // 8 ranks share the node's 128 cores (8 x 16 x 10 GB/s) and 0.7 x 409.6 GB/s of DRAM:
+  // the DRAM bound, over 28 AdamW + 12 conversion bytes per element.
+  const double rate = std::min(10e9 * 128 / 8, 0.7 * 2 * 8 * 25.6e9 / 8);
+  EXPECT_NEAR(t.cpu_adam_s, 40.0 * part / rate, 1e-9);
+  EXPECT_NEAR(t.pcie_d2h_s, 2.0 * part / 25e9, 1e-9);
+  EXPECT_NEAR(t.offload_h2d_exposed_s, std::max(2.0 * kUpdateChunk / 25e9, 2.0 * part / 25e9 - t.cpu_adam_s), 1e-9);
+  EXPECT_GT(t.offload_d2h_exposed_s, 0);
+  EXPECT_LE(t.offload_d2h_exposed_s, t.pcie_d2h_s);
+  EXPECT_NEAR(t.step_s,
+              t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s + t.offload_d2h_exposed_s + t.cpu_adam_s +
+                  t.offload_h2d_exposed_s,
+              1e-12);
+  // The device no longer runs the update: less optimizer time than without offload.
+  EXPECT_LT(t.optimizer_s, c.time(c.at(2, torch::kBFloat16, 1, false)).optimizer_s);
+}
+
+TEST(SimulatorOffload, StageZeroIgnoresItAndParamOffloadNeedsStageThreeAndTheOptimizer) {
+  const OffloadCase c;
+  const MemoryEstimate plain = c.memory(c.at(0, torch::kBFloat16, 1, false));
+  const MemoryEstimate ignored = c.memory(c.at(0, torch::kBFloat16));
+  EXPECT_EQ(ignored.states.total(), plain.states.total());
+  EXPECT_EQ(ignored.total, plain.total);
+  EXPECT_EQ(ignored.host.total(), 0);
+  const SimResult r = simulate(c.model, c.cluster, c.at(0, torch::kBFloat16));
+  EXPECT_EQ(r.time.cpu_adam_s, 0);
+  EXPECT_NE(fmt::format("{}", fmt::join(r.notes, "\n")).find("ignored at ZeRO stage 0"), std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { simulate(c.model, c.cluster, c.at(3, torch::kBFloat16, 1, false, true)); })
+                .find("--offload-param needs --offload-optimizer"),
+            std::string::npos);
+  EXPECT_NE(test::user_error_of([&] { simulate(c.model, c.cluster, c.at(2, torch::kBFloat16, 1, true, true)); })
+                .find("--offload-param applies at ZeRO stage 3 only"),
+            std::string::npos);
+  const std::string base =
+      "simulate --model llama2-7b --cluster 8xA100-80GB --gpus 8 --tp 1 --micro-batch 1 --seq-len 512 ";
+  auto r1 = test::run_cli(base + "--zero 3 --offload-param");
+  EXPECT_EQ(r1.exit_code, 2) << r1.output;
+  EXPECT_NE(r1.output.find("--offload-param needs --offload-optimizer"), std::string::npos) << r1.output;
+  auto r2 = test::run_cli(base + "--zero 1 --offload-optimizer --offload-param");
+  EXPECT_EQ(r2.exit_code, 2) << r2.output;
+  EXPECT_NE(r2.output.find("applies at ZeRO stage 3 only (got --zero 1)"), std::string::npos) << r2.output;
+  auto ok = test::run_cli(base + "--zero 3 --offload-optimizer --offload-param");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("CPU Adam"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("host memory per rank"), std::string::npos) << ok.output;
 }
 
 TEST(SimulatorTime, TrainingFlopsPerToken) {
@@ -555,7 +690,12 @@ json simulate_only_scenario() {
           {"activation_checkpointing", true},
           {"assumptions", "none"},
           {"variants", json::array({{{"name", "zero3"}, {"tp", 1}, {"zero_stage", 3}},
-                                    {{"name", "tp2-zero1"}, {"tp", 2}, {"zero_stage", 1}}})}};
+                                    {{"name", "tp2-zero1"}, {"tp", 2}, {"zero_stage", 1}},
+                                    {{"name", "zero3-offload"},
+                                     {"tp", 1},
+                                     {"zero_stage", 3},
+                                     {"offload_optimizer", true},
+                                     {"offload_param", true}}})}};
 }
 
 TEST(SimulatorCli, ScenarioFileVariantsAreTheSingleLayouts) {
@@ -565,9 +705,11 @@ TEST(SimulatorCli, ScenarioFileVariantsAreTheSingleLayouts) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json j = json::parse(r.output);
   EXPECT_EQ(j["name"], "small");
-  ASSERT_EQ(j["variants"].size(), 2u);
-  const std::vector<std::pair<std::string, std::string>> variants = {{"zero3", "--tp 1 --zero 3"},
-                                                                     {"tp2-zero1", "--tp 2 --zero 1"}};
+  ASSERT_EQ(j["variants"].size(), 3u);
+  const std::vector<std::pair<std::string, std::string>> variants = {
+      {"zero3", "--tp 1 --zero 3"},
+      {"tp2-zero1", "--tp 2 --zero 1"},
+      {"zero3-offload", "--tp 1 --zero 3 --offload-optimizer --offload-param"}};
   for (size_t i = 0; i < variants.size(); ++i) {
     SCOPED_TRACE(variants[i].first);
     auto one = test::run_cli("simulate --model llama2-7b --cluster 8xA100-80GB --gpus 8 --seq-len 512 --micro-batch 2 "
@@ -588,6 +730,14 @@ TEST(SimulatorCli, ScenarioFileVariantsAreTheSingleLayouts) {
       << report;
   EXPECT_NE(report.find("- assumptions: none\n"), std::string::npos) << report;
   EXPECT_NE(report.find("| tp2-zero1 | 2 | 4 | 1 |"), std::string::npos) << report;
+  EXPECT_NE(report.find("| zero3-offload | 1 | 8 | 3 | - | optimizer + params |"), std::string::npos) << report;
+  // Hand-written text after the marker survives a regeneration.
+  const std::string kept =
+      "<!-- Not generated: `autotp simulate --scenario --markdown` keeps what follows. -->\n\npasted rows\n";
+  io::write_text_file_atomic(md, report + "\n" + kept);
+  r = test::run_cli("simulate --scenario " + file + " --markdown " + md);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_file(md), report + "\n" + kept);
 }
 
 TEST(SimulatorCli, BadScenarioFileExitsWithTwoNamingFileAndKey) {
@@ -612,6 +762,9 @@ TEST(SimulatorCli, BadScenarioFileExitsWithTwoNamingFileAndKey) {
       {edited([](json& j) { j["cluster"] = "8xA100"; }), "cluster is \"8xA100\""},
       {edited([](json& j) { j["simulate"] = false; }), "simulate is false"},
       {edited([](json& j) { j.erase("simulate"); }), "not a simulate-only scenario"},
+      {edited([](json& j) { j["variants"][1]["offload_param"] = true; }), "--offload-param needs --offload-optimizer"},
+      {edited([](json& j) { j["variants"][1]["offload_optimizer"] = "cpu"; }),
+       "variants[1].offload_optimizer must be true or false"},
   };
   for (const auto& [j, message] : bad) {
     io::write_text_file_atomic(file, j.dump(2));

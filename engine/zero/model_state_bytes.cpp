@@ -57,7 +57,9 @@ ModelStateBytes analytic_model_state_bytes(const FlatLayout& layout, torch::Scal
   b.master_weights = mixed || offloaded ? part * 4 : 0;  // offloaded: a host master also in fp32
   b.optimizer_states = optimizer_state_count(optimizer) * part * 4;
   if (offloaded) {
-    b.offload_buffers = part * (accumulate32 ? 4 : low) + (mixed ? part * low : 0);  // gradient copy, staging
+    // The gradient copy, and the staging of updated parameters bound for the device.
+    const bool staged = mixed && !(offload.params && layout.stage == 3);
+    b.offload_buffers = part * (accumulate32 ? 4 : low) + (staged ? part * low : 0);
     b.host = b.master_weights + b.optimizer_states + b.offload_buffers;
   }
   if (offload.params && layout.stage == 3) b.host += part * low;

@@ -3,7 +3,8 @@
 namespace autotp {
 
 OptimizerOffload::OptimizerOffload(const HeldParams& held, const torch::Tensor& initial, torch::ScalarType grad_dtype,
-                                   torch::ScalarType param_dtype, bool pin, const torch::Device& device)
+                                   torch::ScalarType param_dtype, bool stage_params, bool pin,
+                                   const torch::Device& device)
     : held_(held), copies_(device) {
   torch::NoGradGuard no_grad;
   const int64_t part = held_.layout.part;
@@ -11,7 +12,7 @@ OptimizerOffload::OptimizerOffload(const HeldParams& held, const torch::Tensor& 
   master_.copy_(initial);
   grads_ = host_buffer(part, grad_dtype, device, pin);
   grads_.zero_();
-  if (param_dtype != torch::kFloat32) {
+  if (stage_params && param_dtype != torch::kFloat32) {
     staging_ = host_buffer(part, param_dtype, device, pin);
     staging_.copy_(master_);
   }

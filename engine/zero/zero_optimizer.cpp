@@ -110,6 +110,7 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
     // ZeRO-Offload: master, gradient copy and optimizer states in host memory, the update on the CPU.
     const torch::ScalarType grad_dtype = fp32_accum_ ? torch::kFloat32 : low_;
     offload_ = std::make_unique<OptimizerOffload>(*trained_, params_->partition(torch::kFloat32), grad_dtype, low_,
+                                                  /*stage_params=*/!placement_.params,
                                                   config.zero.offload_optimizer_pin_memory, model_.device());
     master_ = offload_->master();
     grads_->on_reduced([this](int unit, const torch::Tensor& reduced) {

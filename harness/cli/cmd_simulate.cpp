@@ -40,6 +40,7 @@ struct SimulateArgs {
   std::string recompute = "off";
   std::optional<double> inter_node_bw, host_steal;
   bool activation_checkpointing = false, json = false, sweep = false, calibrate = false, sequence_parallel = false;
+  bool offload_optimizer = false, offload_param = false;
   std::optional<bool> overlap_comm;  // unset: as the engine, on for GPU clusters, off on cpu-local
   bool dtype_given = false;          // --dtype on the command line (--calibrate then times that dtype, else fp32)
   WorldOptions world;
@@ -83,6 +84,9 @@ void calibrate(const SimulateArgs& args) {
   std::cout << fmt::format("  {} ranks at once: {:.2f}x slower than one; the host took {:.0f}% of the CPU while "
                            "measuring (times are without it)\n",
                            cal.world, cal.concurrency_slowdown, 100 * cal.host_steal_fraction);
+  if (cal.cpu_adam_bytes_per_core_s)
+    std::cout << fmt::format("  CPU AdamW (ZeRO-Offload): {:.2f} GB/s per thread (28 bytes per element)\n",
+                             *cal.cpu_adam_bytes_per_core_s / 1e9);
   for (const auto& [n, c] : cal.all_reduce)
     std::cout << fmt::format("  all-reduce over {}: {:.0f} us + bytes / {:.3f} GB/s\n", n, c.latency_s * 1e6,
                              c.rate / 1e9);
@@ -116,6 +120,8 @@ sim::SimLayout layout_from(const SimulateArgs& args, const sim::ClusterSpec& clu
   AUTOTP_USER_CHECK(args.lora_r >= 0, "--lora-r {} (allowed: >= 1, or 0 for full fine-tuning)", args.lora_r);
   l.lora_r = args.lora_r;
   l.lora_targets = args.lora_targets;
+  l.offload_optimizer = args.offload_optimizer;
+  l.offload_param = args.offload_param;
   return l;
 }
 
@@ -164,26 +170,33 @@ std::string scenario_markdown(const SimulateArgs& args, const scenario::Simulate
   md += fmt::format("- {} GPUs, sequence length {}, micro-batch {}, gradient accumulation {}, {}, AdamW\n", base.gpus,
                     base.seq_len, base.micro_batch, base.gas, s.base.dtype);
   if (!s.assumptions.empty()) md += fmt::format("- assumptions: {}\n", s.assumptions);
-  md += "\n## Variants\n\n| variant | tp | dp | ZeRO | LoRA r | frozen base | params | grads | master | optimizer | "
-        "activations | comm buffers | transient grads | optimizer temporaries | peak / GPU (phase) | fits | compute | "
-        "tp comm | ZeRO comm | hidden comm | step | tokens/s | MFU |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "\n## Variants\n\n| variant | tp | dp | ZeRO | LoRA r | offload | frozen base | params | grads | master | "
+        "optimizer | activations | comm buffers | transient grads | optimizer temporaries | peak / GPU (phase) | fits | "
+        "host / rank | compute | tp comm | ZeRO comm | hidden comm | offload D2H / CPU Adam / H2D | step | tokens/s | "
+        "MFU |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < variants.size(); ++i) {
     const auto& r = variants[i];
     const auto& m = r.memory;
+    const auto& t = r.time;
     md += fmt::format(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {:.0f} ms | {:.0f} ms "
-        "| {:.0f} ms | {:.0f} ms | {:.0f} ms | {:.0f} | {:.1f}% |\n",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {:.0f} ms | "
+        "{:.0f} ms | {:.0f} ms | {:.0f} ms | {} | {:.0f} ms | {:.0f} | {:.1f}% |\n",
         names[i], r.layout.tp, r.layout.dp(), r.layout.zero_stage,
         r.layout.lora_r > 0 ? std::to_string(r.layout.lora_r) : std::string("-"),
+        r.layout.offloads_params() ? "optimizer + params" : r.layout.offloads_optimizer() ? "optimizer" : "-",
         sim::format_bytes(m.states.frozen_params), sim::format_bytes(m.states.params),
         sim::format_bytes(m.states.grads), sim::format_bytes(m.states.master_weights),
         sim::format_bytes(m.states.optimizer_states), sim::format_bytes(m.activations),
         sim::format_bytes(m.comm_buffers), sim::format_bytes(m.transient_grads),
         sim::format_bytes(m.optimizer_temporaries), sim::format_bytes(m.total),
-        m.peak_phase == "optimizer" ? "optimizer" : "fwd/bwd", r.fits ? "yes" : "**no**", r.time.compute_s * 1e3,
-        r.time.tp_comm_s * 1e3, r.time.zero_comm_s * 1e3, r.time.overlap_s * 1e3, r.time.step_s * 1e3,
-        r.tokens_per_s, 100 * r.mfu);
+        m.peak_phase == "optimizer" ? "optimizer" : "fwd/bwd", r.fits ? "yes" : "**no**",
+        m.host.total() > 0 ? sim::format_bytes(static_cast<double>(m.host.total())) : std::string("-"),
+        t.compute_s * 1e3, t.tp_comm_s * 1e3, t.zero_comm_s * 1e3, t.overlap_s * 1e3,
+        r.layout.offloads_optimizer() ? fmt::format("{:.0f} / {:.0f} / {:.0f} ms", t.offload_d2h_exposed_s * 1e3,
+                                                    t.cpu_adam_s * 1e3, t.offload_h2d_exposed_s * 1e3)
+                                      : std::string("-"),
+        t.step_s * 1e3, r.tokens_per_s, 100 * r.mfu);
   }
   md += fmt::format("\nUsable memory per GPU: {} ({} less {} reserved). Peak = the larger of the forward/backward "
                     "phase and the optimizer phase.\n",
@@ -247,7 +260,16 @@ void run_scenario(const SimulateArgs& args) {
   }
   if (args.markdown.empty()) return;
 
-  write_output(args.markdown, scenario_markdown(args, s, cluster, base, names, variants, all));
+  // A report may end in hand-written text (runs pasted from the CLI, say): from
+  // this line on an existing file is kept as it is.
+  const std::string kept_marker =
+      "<!-- Not generated: `autotp simulate --scenario --markdown` keeps what follows. -->";
+  std::string report = scenario_markdown(args, s, cluster, base, names, variants, all);
+  if (std::filesystem::exists(args.markdown)) {
+    const std::string old = io::read_text_file(args.markdown);
+    if (const size_t at = old.find(kept_marker); at != std::string::npos) report += "\n" + old.substr(at);
+  }
+  write_output(args.markdown, report);
   std::cout << "wrote " << args.markdown << "\n";
 }
 
@@ -400,6 +422,12 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--lora-r", args->lora_r, "LoRA rank: the base frozen in --dtype, fp32 adapters train (default 0: full fine-tuning)");
   cmd->add_option("--lora-targets", args->lora_targets,
                   "LoRA target_modules: all-linear (default) or comma-separated names (q_proj,k_proj,v_proj,o_proj)");
+  cmd->add_flag("--offload-optimizer", args->offload_optimizer,
+                "zero_optimization.offload_optimizer {\"device\": \"cpu\"}: fp32 master weights and "
+                "optimizer states in host memory, the update on the CPU (ZeRO stages 1-3; ignored at 0)");
+  cmd->add_flag("--offload-param", args->offload_param,
+                "zero_optimization.offload_param {\"device\": \"cpu\"}: the ZeRO-3 parameter partition in "
+                "host memory (stage 3, with --offload-optimizer)");
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->add_flag("--sweep", args->sweep, "Every valid (tp, zero) for --gpus, sorted by tokens/s");
   cmd->add_option("--markdown", args->markdown, "Also write the sweep / scenario report as markdown here");

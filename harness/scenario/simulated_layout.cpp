@@ -18,7 +18,9 @@ using nlohmann::json;
 
 const std::vector<std::string> kDtypes = {"fp32", "bf16", "fp16"};
 // A variant of a simulate-only file: the rest of its layout is the top level's.
-const std::vector<std::string> kSimulateOnlyVariantKeys = {"name", "tp", "zero_stage", "lora_r", "lora_targets"};
+const std::vector<std::string> kSimulateOnlyVariantKeys = {"name",         "tp",           "zero_stage",
+                                                            "lora_r",       "lora_targets", "offload_optimizer",
+                                                            "offload_param"};
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 bool is_catalog_name(const std::string& name) {
@@ -110,7 +112,8 @@ const std::vector<std::string>& simulated_layout_keys() {
   static const std::vector<std::string> keys = {"model",   "cluster",     "calibration", "gpus",
                                                 "tp",      "zero_stage",  "seq_len",     "micro_batch",
                                                 "gas",     "dtype",       "activation_checkpointing",
-                                                "overlap_comm", "lora_r",  "lora_targets"};
+                                                "overlap_comm", "lora_r",  "lora_targets",
+                                                "offload_optimizer", "offload_param"};
   return keys;
 }
 
@@ -129,6 +132,8 @@ sim::SimLayout SimulatedLayout::sim_layout(const sim::ClusterSpec& cluster) cons
   l.cuda = !cluster.calibration;
   l.lora_r = lora_r;
   l.lora_targets = lora_targets;
+  l.offload_optimizer = offload_optimizer;
+  l.offload_param = offload_param;
   return l;
 }
 
@@ -146,6 +151,8 @@ std::vector<std::string> SimulatedLayout::simulate_args() const {
   if (overlap_comm) args.insert(args.end(), {"--overlap-comm", *overlap_comm ? "true" : "false"});
   if (!calibration.empty()) args.insert(args.end(), {"--calibration", calibration});
   if (lora_r > 0) args.insert(args.end(), {"--lora-r", std::to_string(lora_r), "--lora-targets", lora_targets});
+  if (offload_optimizer) args.push_back("--offload-optimizer");
+  if (offload_param) args.push_back("--offload-param");
   return args;
 }
 
@@ -164,6 +171,8 @@ json SimulatedLayout::to_json() const {
   j["activation_checkpointing"] = recompute;
   if (overlap_comm) j["overlap_comm"] = *overlap_comm;
   if (lora_r > 0) j["lora_r"] = lora_r, j["lora_targets"] = lora_targets;
+  if (offload_optimizer) j["offload_optimizer"] = true;
+  if (offload_param) j["offload_param"] = true;
   return j;
 }
 
@@ -217,6 +226,8 @@ SimulatedLayout read_simulated_layout(const JsonSection& o, SimulatedLayout l, c
                      "an integer >= 0 (the LoRA rank; 0 = full fine-tuning)");
   l.lora_targets = o.string("lora_targets", l.lora_targets);
   o.check(!l.lora_targets.empty(), "lora_targets", "\"all-linear\" or comma-separated module names");
+  l.offload_optimizer = o.boolean("offload_optimizer", l.offload_optimizer);
+  l.offload_param = o.boolean("offload_param", l.offload_param);
   return l;
 }
 

@@ -38,6 +38,8 @@ struct SimulatedLayout {
   std::optional<bool> overlap_comm;  // unset: as the engine (on for the GPU clusters, off on cpu-local)
   int64_t lora_r = 0;                // LoRA rank (0: full fine-tuning); docs/lora.md
   std::string lora_targets = "all-linear";  // LoRA target_modules: all-linear or comma-separated names
+  bool offload_optimizer = false;  // ZeRO-Offload of master weights and optimizer states (stages 1-3)
+  bool offload_param = false;      // ZeRO-Offload of the stage-3 parameter partition (with offload_optimizer)
 
   // The simulator's layout on `cluster` (unset overlap_comm follows the cluster, as the engine does).
   sim::SimLayout sim_layout(const sim::ClusterSpec& cluster) const;
@@ -48,7 +50,8 @@ struct SimulatedLayout {
 };
 
 // Every key of a simulated layout: model, cluster, calibration, gpus, tp, zero_stage,
-// seq_len, micro_batch, gas, dtype, activation_checkpointing, overlap_comm, lora_r, lora_targets.
+// seq_len, micro_batch, gas, dtype, activation_checkpointing, overlap_comm, lora_r, lora_targets,
+// offload_optimizer, offload_param.
 const std::vector<std::string>& simulated_layout_keys();
 
 // Reads the layout keys `o` gives over `defaults`: types, ranges, the cluster's

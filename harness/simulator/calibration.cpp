@@ -205,6 +205,7 @@ json Calibration::to_json() const {
                            {"forward_grad", cost_json(elementwise_forward_grad)},
                            {"forward_backward", cost_json(elementwise_forward_backward)}}},
           {"optimizer_step", optimizer_step ? cost_json(*optimizer_step) : json()},
+          {"cpu_adam_bytes_per_core_s", cpu_adam_bytes_per_core_s ? json(*cpu_adam_bytes_per_core_s) : json()},
           {"all_reduce", reduce},
           {"all_gather", gather}};
 }
@@ -247,6 +248,12 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
   c.step_collective_extra_s = seconds_by_group(j, "step_collective_extra_s", source);
   c.layer_gather_extra_s = seconds_by_group(j, "layer_gather_extra_s", source);
   if (j.contains("optimizer_step") && !j["optimizer_step"].is_null()) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
+  if (j.contains("cpu_adam_bytes_per_core_s") && !j["cpu_adam_bytes_per_core_s"].is_null()) {
+    const json& rate = j["cpu_adam_bytes_per_core_s"];
+    AUTOTP_USER_CHECK(rate.is_number() && rate.get<double>() > 0,
+                      "{}: 'cpu_adam_bytes_per_core_s' must be bytes per second > 0", source);
+    c.cpu_adam_bytes_per_core_s = rate.get<double>();
+  }
   c.all_reduce = costs_from(j.value("all_reduce", json::object()), "all_reduce", source);
   c.all_gather = costs_from(j.value("all_gather", json::object()), "all_gather", source);
   AUTOTP_USER_CHECK(c.world >= 1 && c.gemm_peak_flops > 0, "{}: world and gemm_peak_flops must be positive", source);
@@ -479,6 +486,25 @@ void measure_optimizer_step(const Session& session, const ModelConfig& config, C
   }
   seconds = session.from_rank0(scaled(seconds, optimizer_window.kept_share()));
   cal.optimizer_step = fit_linear_cost(elements, seconds);
+}
+
+// ZeRO-Offload's host optimizer: FlatOptimizer::step (at::_fused_adamw_) on fp32
+// CPU tensors of 32 Mi elements (512 MiB with the moments: past any cache), with
+// this rank's threads; bytes per second per thread, 28 bytes per element.
+void measure_cpu_adam(const Session& session, Calibration& cal) {
+  constexpr int64_t n = int64_t{1} << 25;
+  StealWindow window;
+  double seconds = 0;
+  if (session.measures) {
+    OptimizerConfig adamw;
+    adamw.weight_decay = 0.01;
+    FlatOptimizer optimizer(adamw, n, torch::kCPU);
+    auto params = torch::randn({n}), grads = torch::randn({n});
+    const double was = session.options.seconds_per_point;
+    seconds = time_call([&] { optimizer.step(params, grads, 1e-3); }, std::max(0.2, was));
+  }
+  seconds = session.from_rank0(scaled({seconds}, window.kept_share()))[0];
+  cal.cpu_adam_bytes_per_core_s = 28.0 * static_cast<double>(n) / seconds / std::max(1, cal.threads_per_rank);
 }
 
 // The model's forward + backward at tp 1 (no communication): rank 0 alone against
@@ -735,6 +761,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   measure_gemms(session, config, cal);
   measure_elementwise(session, cal);
   measure_optimizer_step(session, config, cal);
+  measure_cpu_adam(session, cal);
 
   Tp1Step tp1(config, options);
   tp1.sample_alone(session);

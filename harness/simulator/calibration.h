@@ -75,6 +75,10 @@ struct Calibration {
   LinearCost elementwise_forward_grad;       // forward while autograd records
   LinearCost elementwise_forward_backward;   // forward and backward of one op
   std::optional<LinearCost> optimizer_step;  // norm + clip + AdamW; amount = partition elements (absent in older files)
+  // ZeRO-Offload's host optimizer: FlatOptimizer::step (at::_fused_adamw_) on fp32
+  // CPU tensors, bytes per second per thread (28 bytes per element: parameter and
+  // both moments read and written, the gradient read). Absent in older files.
+  std::optional<double> cpu_adam_bytes_per_core_s;
   // Seconds per decoder layer per micro-batch (forward + backward) that one rank's
   // real forward + backward of `model` at tp 1 took beyond what the GEMM and
   // elementwise costs predict: dispatcher, autograd and allocator overhead of the
@@ -107,6 +111,10 @@ struct Calibration {
   static Calibration from_json(const nlohmann::json& j, const std::string& source);
   static Calibration from_file(const std::string& path);  // UserError naming the file
 };
+
+// The fused AdamW's rate per core where nothing was measured (the GPU clusters):
+// this machine's EPYC core with two threads (docs/simulator.md, "ZeRO-Offload").
+constexpr double kDefaultCpuAdamBytesPerCoreS = 10e9;
 
 // Least-squares fit of seconds = latency + amount / rate (latency clamped >= 0).
 LinearCost fit_linear_cost(const std::vector<double>& amounts, const std::vector<double>& seconds);

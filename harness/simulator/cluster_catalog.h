@@ -32,6 +32,13 @@ struct ClusterSpec {
   double kernel_latency_s = 0;    // per op (launch / dispatch)
   LinkSpec intra_node;            // NVLink / NVSwitch
   LinkSpec inter_node;            // per-GPU NIC (InfiniBand)
+  // ZeRO-Offload (docs/simulator.md): the GPU's PCIe link to host memory, and the
+  // node's CPUs that run the offloaded optimizer.
+  double host_link_bytes_per_s = 0;      // per GPU, per direction (effective)
+  int host_cores = 1;                    // CPU cores per node
+  int64_t host_memory_bytes = 0;         // host memory per node
+  double host_memory_bytes_per_s = 0;    // achievable host DRAM bandwidth per node (0: no cap)
+  double cpu_adam_bytes_per_core_s = 0;  // fused AdamW bytes (28 per element) per second per core
   bool native_reduce_scatter = true;  // a reduce-scatter costs (n-1)/n of the bytes, not an all-reduce's 2(n-1)/n
   bool reduce_16bit_as_fp32 = false;  // all-reduces of 16-bit tensors move fp32 (the engine's CPU transports)
   std::optional<Calibration> calibration;  // cpu-local only

@@ -208,11 +208,16 @@ ForwardBackwardMoments forward_backward_moments(const ModelConfig& config, const
   const int dp = layout.dp();
   const int stage = layout.zero_stage;
   const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
-  const bool sharded = stage == 3 && dp > 1;
+  // offload_param: every use copies the unit's partition in from the host (over one
+  // dp rank too, where the copy is the unit), through a temporary of its slice.
+  const bool offload_param = layout.offloads_params();
+  const bool sharded = stage == 3 && (dp > 1 || offload_param);
   const bool reduces = stage >= 2;
   const bool overlap = layout.overlap_comm && dp > 1;
-  auto held = [&](int64_t n) { return sharded ? a * n : 0; };
-  auto ahead = [&](int64_t n) { return sharded && overlap ? a * n : 0; };
+  auto staging = [&](int64_t n) { return offload_param && dp > 1 ? a * ((n + dp - 1) / dp) : 0; };
+  // The slice temporary lives while its unit is being gathered: the prefetched one with overlap.
+  auto held = [&](int64_t n) { return sharded ? a * n + (overlap ? 0 : staging(n)) : 0; };
+  auto ahead = [&](int64_t n) { return sharded && overlap ? a * n + staging(n) : 0; };
   auto in_flight = [&](int64_t n) { return reduces && overlap ? ra * n + 4 * n / dp : 0; };
   // A unit's reduction: its gradients, their contiguous copy (not for a
   // one-tensor unit: its gradient is the bucket) and the reduced slice (fp32).
@@ -242,8 +247,7 @@ ForwardBackwardMoments forward_backward_moments(const ModelConfig& config, const
   ForwardBackwardMoments fb;
   fb.peak = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce});
   fb.transient_grads = reduces ? reduction(std::max({r.max_layer, r.head, r.embed}), false) : 0;
-  fb.gathered =
-      sharded ? a * std::max({max_layer, u.head_use, u.embed}) + ahead(std::max(max_layer, u.head_use)) : 0;
+  fb.gathered = held(std::max({max_layer, u.head_use, u.embed})) + ahead(std::max(max_layer, u.head_use));
   return fb;
 }
 
@@ -266,7 +270,9 @@ OptimizerMoments optimizer_moments(const SimLayout& layout, int64_t part, const 
   const bool mixed = layout.dtype != torch::kFloat32;
   const bool overlap = layout.overlap_comm && dp > 1;
   const int64_t norm_temporaries = 8 * std::min(part, grad_norm_chunk(layout.cuda));
-  const int64_t update_temporaries = mixed ? 4 * std::min(part, kUpdateChunk) : 0;
+  // The update's fp32 upcast runs on the host with offload_optimizer.
+  const int64_t update_temporaries =
+      mixed && !layout.offloads_optimizer() ? 4 * std::min(part, kUpdateChunk) : 0;
   const int64_t largest_unit = std::max({u.max_layer, u.head, u.embed});
   const int64_t unit_slice = largest_unit / std::max(dp, 1);
   const int64_t gather_columns =
@@ -302,7 +308,27 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"optimizer_peak", optimizer_peak},
           {"peak_phase", peak_phase}};
   if (states.frozen_params > 0) j["frozen_params"] = states.frozen_params;  // LoRA's base
+  j["host"] = {{"master_weights", host.master_weights},
+               {"optimizer_states", host.optimizer_states},
+               {"grads", host.grads},
+               {"params", host.params},
+               {"total", host.total()}};
   return j;
+}
+
+HostBytes offloaded_bytes(const SimLayout& layout, int64_t part, torch::ScalarType trained_dtype) {
+  HostBytes h;
+  if (!layout.offloads_optimizer()) return h;
+  const int64_t low = static_cast<int64_t>(c10::elementSize(trained_dtype));
+  const bool mixed = trained_dtype != torch::kFloat32;
+  const bool accumulate32 = mixed && layout.gas > 1;
+  h.master_weights = 4 * part;
+  h.optimizer_states = 4 * optimizer_state_count(layout.optimizer) * part;
+  h.grads = (accumulate32 ? 4 : low) * part;
+  // offload_param: the update writes the host's parameter partition, which then
+  // needs no staging copy beside it.
+  h.params = layout.offloads_params() || mixed ? low * part : 0;
+  return h;
 }
 
 int64_t saved_activation_bytes(const ModelConfig& config, const RankShape& shape, const SimLayout& layout) {
@@ -323,6 +349,13 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, shape.tp_rank, layout.dp(), layout.zero_stage,
                                       layout.persistence_threshold);
   m.states = ZeroOptimizer::analytic_bytes(flat, trained_dtype, layout.optimizer, accumulate32);
+  // ZeRO-Offload: master weights and optimizer states leave the device (and the
+  // stage-3 parameter partition with offload_param: the persistent tensors stay).
+  m.host = offloaded_bytes(layout, flat.part, trained_dtype);
+  if (layout.offloads_optimizer()) m.states.master_weights = m.states.optimizer_states = 0;
+  if (layout.offloads_params())
+    m.states.params = (flat.whole_unit >= 0 ? flat.units[flat.whole_unit].length : 0) *
+                      static_cast<int64_t>(c10::elementSize(trained_dtype));
   const UnitLengths reduced = unit_lengths(config, flat);
   UnitLengths units = reduced;
   if (layout.lora_r > 0) {

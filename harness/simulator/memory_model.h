@@ -46,7 +46,16 @@ struct SimLayout {
   // adapters train in fp32.
   int64_t lora_r = 0;
   std::string lora_targets = "all-linear";
+  // ZeRO-Offload (zero_optimization.offload_optimizer / offload_param with "device":
+  // "cpu"; docs/simulator.md): the fp32 master partition and optimizer states live
+  // in host memory and the CPU runs the update (stages 1-3; ignored at stage 0, as the
+  // engine does); offload_param also moves the stage-3 parameter partition to the host
+  // (stage 3 only, and only with offload_optimizer: validate_layout rejects the rest).
+  bool offload_optimizer = false;
+  bool offload_param = false;
   int dp() const { return gpus / tp; }
+  bool offloads_optimizer() const { return offload_optimizer && zero_stage >= 1; }
+  bool offloads_params() const { return offload_param && offload_optimizer && zero_stage == 3; }
   bool recompute() const { return activation_checkpointing; }
   // Tokens of a sequence the busiest rank holds between blocks (sequence_shard_sizes).
   int64_t stream_tokens() const { return sequence_parallel && tp > 1 ? (seq_len + tp - 1) / tp : seq_len; }
@@ -59,8 +68,23 @@ TpPlan layout_plan(const ModelConfig& config, const SimLayout& layout);
 // LoRA: the adapted linears of decoder layer 0, by their name inside the layer ("self_attn.q_proj").
 std::set<std::string> lora_layer_modules(const ModelConfig& config, const SimLayout& layout);
 
+// ZeRO-Offload: what one rank keeps in host memory (all zero without offload).
+struct HostBytes {
+  int64_t master_weights = 0;    // the fp32 master partition (also in fp32 training)
+  int64_t optimizer_states = 0;  // K fp32 states per partition element
+  int64_t grads = 0;             // the reduced gradient partition copied from the device (its dtype)
+  int64_t params = 0;            // mixed precision: the updated partition staged in the model dtype;
+                                 // offload_param: the stage-3 parameter partition (the update writes it)
+  int64_t total() const { return master_weights + optimizer_states + grads + params; }
+};
+
+// The host bytes of `layout` for a flat layout whose partition has `part` elements
+// trained in `trained_dtype` (docs/simulator.md, "ZeRO-Offload").
+HostBytes offloaded_bytes(const SimLayout& layout, int64_t part, torch::ScalarType trained_dtype);
+
 struct MemoryEstimate {
-  ModelStateBytes states;          // between steps (the engine's formula)
+  ModelStateBytes states;          // on the device between steps (the engine's formula less what is offloaded)
+  HostBytes host;                  // ZeRO-Offload: host memory of this rank
   // Each kind below is its largest amount during the step; `total` is the peak of the sum.
   int64_t activations = 0;         // saved activations + backward transients (one micro-batch) + the batch
   int64_t comm_buffers = 0;        // ZeRO-3 gathered parameters, all-gather outputs

@@ -44,7 +44,9 @@ nlohmann::json SimResult::to_json() const {
             {"recompute", layout.recompute()},
             {"sequence_parallel", layout.sequence_parallel},
             {"optimizer", layout.optimizer.type},
-            {"overlap_comm", layout.overlap_comm}}},
+            {"overlap_comm", layout.overlap_comm},
+            {"offload_optimizer", layout.offloads_optimizer()},
+            {"offload_param", layout.offloads_params()}}},
           {"capacity_bytes", capacity_bytes},
           {"usable_bytes", usable_bytes},
           {"model_flops_per_step", time.model_flops},
@@ -68,6 +70,12 @@ void validate_layout(const ModelConfig& config, const ClusterSpec& cluster, cons
     AUTOTP_USER_CHECK(l.gpus % cluster.gpus_per_node == 0,
                       "--gpus {} on {} must be a multiple of its {} GPUs per node", l.gpus, cluster.name,
                       cluster.gpus_per_node);
+  // As the engine: offload_param needs offload_optimizer (exit 2) and applies at stage 3 only.
+  AUTOTP_USER_CHECK(!l.offload_param || l.offload_optimizer,
+                    "--offload-param needs --offload-optimizer too (zero_optimization.offload_param without "
+                    "offload_optimizer: the engine refuses it)");
+  AUTOTP_USER_CHECK(!l.offload_param || l.zero_stage == 3,
+                    "--offload-param applies at ZeRO stage 3 only (got --zero {})", l.zero_stage);
   if (cluster.calibration)
     AUTOTP_USER_CHECK(l.dtype != torch::kFloat16,
                       "--dtype fp16 cannot run on cpu-local (LibTorch has no float16 matmul on CPU; allowed: bf16, fp32)");
@@ -108,6 +116,15 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
   if (!r.fits)
     r.notes.push_back(fmt::format("does not fit: peak {} > usable {} per GPU", format_bytes(r.memory.total),
                                   format_bytes(r.usable_bytes)));
+  if (layout.offload_optimizer && layout.zero_stage == 0)
+    r.notes.push_back("offload_optimizer is ignored at ZeRO stage 0 (as the engine does: it offloads a "
+                      "partition)");
+  const int64_t node_host = r.memory.host.total() * std::min(layout.gpus, cluster.gpus_per_node);
+  if (node_host > cluster.host_memory_bytes && cluster.host_memory_bytes > 0)
+    r.notes.push_back(fmt::format("the node's ranks need {} of host memory for the offloaded states, more than "
+                                  "its {}",
+                                  format_bytes(static_cast<double>(node_host)),
+                                  format_bytes(static_cast<double>(cluster.host_memory_bytes))));
   return r;
 }
 
@@ -119,6 +136,7 @@ std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& clus
       SimLayout l = base;
       l.tp = tp;
       l.zero_stage = stage;
+      l.offload_param = base.offload_param && stage == 3;  // applies at stage 3 only
       out.push_back(simulate(model, cluster, l));
     }
   }
@@ -150,12 +168,29 @@ std::string format_result(const SimResult& r) {
   s += fmt::format("  {:<24}{:>14}  (peak in the {} phase) of {} usable: {}\n", "total", format_bytes(m.total),
                    m.peak_phase == "optimizer" ? "optimizer" : "forward/backward", format_bytes(r.usable_bytes),
                    r.fits ? "fits" : "DOES NOT FIT");
+  if (l.offloads_optimizer()) {
+    s += fmt::format("host memory per rank (ZeRO-Offload{}):\n",
+                     l.offloads_params() ? ", parameters too" : "");
+    row("fp32 master weights", m.host.master_weights);
+    row("optimizer moments", m.host.optimizer_states);
+    row("gradient partition", m.host.grads);
+    row(l.offloads_params() ? "parameter partition" : "parameter staging", m.host.params);
+    row("total", m.host.total());
+    s += fmt::format("  {:<24}{:>14} device->host, {} host->device\n", "PCIe per step",
+                     format_bytes(static_cast<double>(t.pcie_d2h_bytes)),
+                     format_bytes(static_cast<double>(t.pcie_h2d_bytes)));
+  }
   s += "step time:\n";
   auto trow = [&](const char* name, double sec) { s += fmt::format("  {:<24}{:>12.3f} ms\n", name, sec * 1e3); };
   trow("compute", t.compute_s);
   trow("tp communication", t.tp_comm_s);
   trow("ZeRO communication", t.zero_comm_s);
   trow("overlapped", t.overlap_s);
+  if (l.offloads_optimizer()) {
+    trow("offload D2H exposed", t.offload_d2h_exposed_s);
+    trow("CPU Adam", t.cpu_adam_s);
+    trow("offload H2D exposed", t.offload_h2d_exposed_s);
+  }
   trow("step", t.step_s);
   s += fmt::format("  {:<24}{:>12.0f}\n  {:<24}{:>11.1f}%\n", "tokens/s", r.tokens_per_s, "MFU", 100 * r.mfu);
   for (const auto& n : r.notes) s += "note: " + n + "\n";

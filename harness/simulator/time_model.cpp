@@ -9,7 +9,9 @@
 #include <cmath>
 
 #include "autotp/arch/param_layout.h"
+#include "autotp/optim/optimizer.h"
 #include "autotp/zero/flat_layout.h"
+#include "autotp/zero/model_state_bytes.h"
 
 namespace autotp::sim {
 namespace {
@@ -119,7 +121,14 @@ nlohmann::json TimeEstimate::to_json() const {
   return {{"compute_s", compute_s},     {"tp_comm_s", tp_comm_s},           {"zero_comm_s", zero_comm_s},
           {"overlap_s", overlap_s},     {"step_s", step_s},                 {"gemm_s", gemm_s},
           {"elementwise_s", elementwise_s}, {"optimizer_s", optimizer_s},   {"tp_collectives", tp_collectives},
-          {"zero_collectives", zero_collectives}};
+          {"zero_collectives", zero_collectives},
+          {"offload", {{"pcie_d2h_bytes", pcie_d2h_bytes},
+                       {"pcie_h2d_bytes", pcie_h2d_bytes},
+                       {"pcie_d2h_s", pcie_d2h_s},
+                       {"pcie_h2d_s", pcie_h2d_s},
+                       {"d2h_exposed_s", offload_d2h_exposed_s},
+                       {"cpu_adam_s", cpu_adam_s},
+                       {"h2d_exposed_s", offload_h2d_exposed_s}}}};
 }
 
 double collective_seconds(const ClusterSpec& c, CollectiveOp op, double bytes, int group, GroupScope scope) {
@@ -218,13 +227,18 @@ double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSp
   const int dp = l.dp(), stage = l.zero_stage;
   const int64_t P = (s.trained_numel + dp - 1) / dp * dp;  // what trains (LoRA: the adapters)
   const double part = static_cast<double>(stage == 0 ? P : P / dp);
-  const double update = c.calibration && c.calibration->optimizer_step
+  // With offload_optimizer the device computes only the norm: the update runs on
+  // the host (cpu_adam_s) and writes the model-dtype parameters there.
+  const bool offload = l.offloads_optimizer();
+  const double update = offload ? e.fwd(part, 3)  // norm: mask, to fp64, dot
+                        : c.calibration && c.calibration->optimizer_step
                             ? c.calibration->optimizer_step->seconds(part)  // measured on this machine
                             : e.fwd(part, 3)     // norm: mask, to fp64, dot
                                   + e.fwd(part, 10);  // clip + AdamW (decay, two moments, sqrt, div, add, update)
   return e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
          + update
-         + (sixteen && s.trained_numel == s.local_numel ? e.fwd(part, 1) : 0)  // master weights back to 16 bits
+         // master weights back to 16 bits (on the host with offload)
+         + (sixteen && s.trained_numel == s.local_numel && !offload ? e.fwd(part, 1) : 0)
          + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
          + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
 }
@@ -283,6 +297,7 @@ void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
 // ZeRO collective seconds by the compute they run beside: what overlap_comm can hide.
 struct HideableComm {
   double behind_forward = 0, behind_backward = 0, behind_update = 0;
+  double step_reductions = 0;  // stage 1: the reduce-scatters at the step (offloaded copies follow them)
 };
 
 // The engine's own list of the step's ZeRO collectives (zero_traffic.h) is built from this.
@@ -349,6 +364,7 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
       if (z.behind == ZeroCollective::Behind::kForward) hide.behind_forward += seconds;
       if (z.behind == ZeroCollective::Behind::kBackward) hide.behind_backward += seconds;
       if (z.behind == ZeroCollective::Behind::kUpdate) hide.behind_update += seconds;
+      if (stage == 1 && z.op == ZeroCollective::Op::kReduceScatter) hide.step_reductions += seconds;
       calls += z.calls;
     }
     zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
@@ -375,12 +391,109 @@ double overlap_seconds(const TimeEstimate& t, const HideableComm& hide, const Si
          std::min(hide.behind_update, t.optimizer_s);
 }
 
+// ZeRO-Offload's PCIe copies and host update (docs/simulator.md, "ZeRO-Offload"):
+// bytes from the engine's flat layout, seconds at the cluster's host link and
+// CPU Adam rate, and what of them the step waits for:
+//   gradient D2H: each unit's reduced slice is copied once its last micro-batch
+//     reduction completes, beside the rest of that backward (stages 2-3) or the
+//     remaining reduce-scatters at the step (stage 1). Exposed:
+//     max(the copies of the units reduced at the backward's end (stage 1: the
+//     largest unit's), D2H - that window);
+//   CPU Adam: the partition's fused AdamW bytes (12 + 8 K per element) plus, in
+//     mixed precision, the gradient upcast and parameter downcast (2 (low + 4)),
+//     at min(cores per rank x the per-core rate, the node's DRAM bandwidth / its ranks);
+//   parameter H2D: piece by piece (kUpdateChunk elements) behind the next piece's
+//     update: exposed max(one piece, H2D - CPU Adam). With offload_param every
+//     stage-3 gather first copies the rank's slice in: those copies join the
+//     gathers' chains behind the forward / backward, exposed by what they add to
+//     the gathers' exposure there (all of them without overlap_comm).
+void add_offload(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                 const ClusterSpec& c, const HideableComm& hide) {
+  if (!l.offloads_optimizer()) return;
+  const torch::ScalarType trained = l.lora_r > 0 ? torch::kFloat32 : l.dtype;
+  const int64_t low = static_cast<int64_t>(c10::elementSize(trained));
+  const bool mixed = trained != torch::kFloat32;
+  const int64_t grad_bytes = mixed && l.gas > 1 ? 4 : low;
+  const int dp = l.dp(), stage = l.zero_stage;
+  const TpPlan plan = layout_plan(config, l);
+  const ZeroUnits ids{config.num_layers};
+  const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, s.tp_rank, dp, stage, l.persistence_threshold);
+  const double link = c.host_link_bytes_per_s;
+  const int units = static_cast<int>(flat.units.size());
+  auto slice = [&](int u) { return u < units ? flat.units[u].length / dp : int64_t{0}; };
+  const double fb = t.gemm_s + t.elementwise_s, forward_share = 1.0 / (l.recompute() ? 4 : 3);
+  const double gas = static_cast<double>(l.gas);
+
+  // Gradients, device -> host.
+  t.pcie_d2h_bytes = flat.part * grad_bytes;
+  t.pcie_d2h_s = static_cast<double>(t.pcie_d2h_bytes) / link;
+  int64_t last_copied = 0;  // elements whose copies nothing runs beside
+  double window = 0;
+  if (stage == 1) {
+    for (int u = 0; u < units; ++u) last_copied = std::max(last_copied, slice(u));
+    window = hide.step_reductions;
+  } else {
+    // The units reduced at the backward's end (zero_traffic.h's reduced_behind).
+    for (int u : {static_cast<int>(ZeroUnits::kEmbedding), flat.whole_unit, static_cast<int>(ids.layer(0))})
+      if (u >= 0) last_copied += slice(u);
+    if (config.tie_word_embeddings) last_copied += slice(ids.head());
+    window = fb / gas * (1 - forward_share);  // the last micro-batch's backward
+  }
+  t.offload_d2h_exposed_s =
+      std::max(static_cast<double>(last_copied * grad_bytes) / link, t.pcie_d2h_s - window);
+
+  // The host update: cores of the node shared by its ranks, capped by its DRAM bandwidth.
+  const int ranks_per_node = std::max(1, std::min(l.gpus, c.gpus_per_node));
+  double rate = c.cpu_adam_bytes_per_core_s * c.host_cores / ranks_per_node;
+  if (c.host_memory_bytes_per_s > 0) rate = std::min(rate, c.host_memory_bytes_per_s / ranks_per_node);
+  const int64_t adam_bytes = 12 + 8 * optimizer_state_count(l.optimizer) + (mixed ? 2 * (low + 4) : 0);
+  t.cpu_adam_s = static_cast<double>(flat.part * adam_bytes) / rate;
+
+  // Parameters, host -> device.
+  if (!l.offloads_params()) {
+    t.pcie_h2d_bytes = flat.part * low;
+    t.pcie_h2d_s = static_cast<double>(t.pcie_h2d_bytes) / link;
+    const double piece = static_cast<double>(std::min(flat.part, kUpdateChunk) * low) / link;
+    t.offload_h2d_exposed_s = std::max(piece, t.pcie_h2d_s - t.cpu_adam_s);
+    return;
+  }
+  // offload_param: every gather's slice (zero_traffic.h's stage-3 gathers; the
+  // persistent tensors are a unit of their own, held on the device).
+  double behind_forward = 0, behind_backward = 0, behind_nothing = 0;  // elements per micro-batch
+  const int embed = ZeroUnits::kEmbedding;
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    behind_forward += static_cast<double>(slice(ids.layer(layer)));
+    behind_backward += static_cast<double>(slice(ids.layer(layer)));
+  }
+  behind_forward += static_cast<double>(slice(ids.head()));
+  behind_nothing += static_cast<double>(slice(ids.head()) + slice(embed));
+  if (config.tie_word_embeddings) {
+    behind_forward += static_cast<double>(slice(embed));
+    behind_nothing += static_cast<double>(slice(embed));
+  }
+  const double per_element = gas * static_cast<double>(low) / link;
+  t.pcie_h2d_bytes = static_cast<int64_t>((behind_forward + behind_backward + behind_nothing) * gas) * low;
+  t.pcie_h2d_s = static_cast<double>(t.pcie_h2d_bytes) / link;
+  const double f = behind_forward * per_element, b = behind_backward * per_element;
+  if (!l.overlap_comm || dp <= 1) {
+    t.offload_h2d_exposed_s = t.pcie_h2d_s;
+    return;
+  }
+  const double forward = fb * forward_share, backward = fb - forward;
+  auto added = [](double lane, double copies, double compute) {
+    return std::max(0.0, lane + copies - compute) - std::max(0.0, lane - compute);
+  };
+  t.offload_h2d_exposed_s = added(hide.behind_forward, f, forward) + added(hide.behind_backward, b, backward) +
+                            behind_nothing * per_element;
+}
+
 // cpu-local on a host that takes part of the CPU: every time stretches by what the host keeps.
 void apply_host_steal(TimeEstimate& t, const ClusterSpec& c) {
   if (c.calibration && c.host_steal_fraction > 0) {
     const double stretch = 1 / (1 - c.host_steal_fraction);
     for (double* x : {&t.gemm_s, &t.elementwise_s, &t.optimizer_s, &t.compute_s, &t.tp_comm_s, &t.zero_comm_s,
-                      &t.overlap_s})
+                      &t.overlap_s, &t.pcie_d2h_s, &t.pcie_h2d_s, &t.offload_d2h_exposed_s, &t.cpu_adam_s,
+                      &t.offload_h2d_exposed_s})
       *x *= stretch;
   }
 }
@@ -394,8 +507,10 @@ TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const 
   add_tp_comm(t, config, s, l, c);
   const HideableComm hide = add_zero_comm(t, config, s, l, c);
   t.overlap_s = overlap_seconds(t, hide, l, c);
+  add_offload(t, config, s, l, c, hide);
   apply_host_steal(t, c);
-  t.step_s = t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s;
+  t.step_s = t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s + t.offload_d2h_exposed_s + t.cpu_adam_s +
+             t.offload_h2d_exposed_s;
   const int64_t BT = l.micro_batch * l.seq_len;
   const double gas = static_cast<double>(l.gas);
   t.model_flops = model_flops_per_token(config, l.seq_len) * static_cast<double>(BT) * gas * l.dp();

@@ -41,6 +41,14 @@ struct TimeEstimate {
   double elementwise_s = 0;  // part of compute_s
   double optimizer_s = 0;    // part of compute_s
   int64_t tp_collectives = 0, zero_collectives = 0;  // per step
+  // ZeRO-Offload (docs/simulator.md): PCIe bytes per step of this rank, the
+  // link's busy seconds, and the three components it adds to the step.
+  int64_t pcie_d2h_bytes = 0;       // the reduced gradient partition, device -> host
+  int64_t pcie_h2d_bytes = 0;       // updated parameters (or offload_param's gather slices), host -> device
+  double pcie_d2h_s = 0, pcie_h2d_s = 0;  // at the host link's rate
+  double offload_d2h_exposed_s = 0;  // of pcie_d2h_s, not behind the last micro-batch's backward
+  double cpu_adam_s = 0;             // the host's update of the partition (not on the device)
+  double offload_h2d_exposed_s = 0;  // of pcie_h2d_s, not behind the host update / the gathers' compute
   double model_flops = 0;    // per step, all ranks: 6 N tokens + attention (no recomputation)
   double executed_flops = 0; // per step per rank, GEMMs as the engine runs them (with recomputation)
   nlohmann::json to_json() const;

@@ -23,9 +23,12 @@ namespace autotp {
 
 class OptimizerOffload {
  public:
-  // `initial`: the partition's fp32 values [part] (any device).
+  // `initial`: the partition's fp32 values [part] (any device). `stage_params`:
+  // a model-dtype staging buffer for the copies to the device (16-bit training
+  // whose parameters are on the device; with offload_param the update writes
+  // the host partition straight from the master).
   OptimizerOffload(const HeldParams& held, const torch::Tensor& initial, torch::ScalarType grad_dtype,
-                   torch::ScalarType param_dtype, bool pin, const torch::Device& device);
+                   torch::ScalarType param_dtype, bool stage_params, bool pin, const torch::Device& device);
 
   torch::Tensor& master() { return master_; }  // host fp32 [part]
   void begin_step() { copied_.assign(held_.layout.units.size(), false); }
@@ -52,7 +55,7 @@ class OptimizerOffload {
  private:
   const HeldParams& held_;
   CopyStream copies_;
-  torch::Tensor master_, grads_, staging_;  // staging_ undefined in fp32 training
+  torch::Tensor master_, grads_, staging_;  // staging_ undefined in fp32 training and with offload_param
   std::vector<bool> copied_;               // per unit, this step
 };
 
