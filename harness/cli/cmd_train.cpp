@@ -43,7 +43,8 @@ nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& to
   auto mine = torch::tensor({m.model_states.params, m.model_states.grads, m.model_states.master_weights,
                              m.model_states.optimizer_states, m.peak_rss_bytes, m.peak_allocated_bytes,
                              m.activations_peak_bytes, m.peak_reserved_bytes, m.peak_gathered_params_bytes,
-                             m.peak_gradient_buckets_bytes, m.model_states.frozen_params},
+                             m.peak_gradient_buckets_bytes, m.model_states.frozen_params,
+                             m.model_states.offload_buffers, m.model_states.host},
                             torch::kLong);
   auto all = topology.world().all_gather(mine.view({1, -1}), 0);
   if (topology.rank() != 0) return nullptr;
@@ -67,12 +68,15 @@ nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& to
     line["layout"]["lora"] = {{"r", config.lora.r}, {"modules", adapted_modules(trainer.model()).size()}};
   const char* keys[] = {"params", "grads", "master_weights", "optimizer_states", "peak_rss_bytes",
                         "peak_allocated_bytes", "activations_peak_bytes", "peak_reserved_bytes",
-                        "peak_gathered_params_bytes", "peak_gradient_buckets_bytes", "frozen_params"};
+                        "peak_gathered_params_bytes", "peak_gradient_buckets_bytes", "frozen_params",
+                        "offload_buffers", "host_bytes"};
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < topology.world_size(); ++r) {
     nlohmann::json rank = {{"rank", r}};
     for (int k = 0; k < 10; ++k) rank[keys[k]] = all[r][k].item<int64_t>();
-    if (const int64_t frozen = all[r][10].item<int64_t>(); frozen > 0) rank[keys[10]] = frozen;  // LoRA's base
+    // LoRA's base and ZeRO-Offload's host side: present where they exist.
+    for (int k = 10; k < 13; ++k)
+      if (const int64_t bytes = all[r][k].item<int64_t>(); bytes > 0) rank[keys[k]] = bytes;
     ranks.push_back(std::move(rank));
   }
   line["memory"]["ranks"] = ranks;

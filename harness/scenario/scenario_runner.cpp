@@ -88,10 +88,13 @@ std::vector<ModelStateBytes> analytic_per_rank(const VariantSpec& v, const Model
   std::vector<ModelStateBytes> out;
   for (int r = 0; r < world; ++r) {
     const FlatLayout layout = zero_layout(plan_entries(plan, false), ids, r % tp, world / tp, stage, threshold);
-    ModelStateBytes b = ZeroOptimizer::analytic_bytes(layout, trained, v.config.optimizer, fp32_accumulation);
-    if (lora)
-      b.frozen_params = analytic_frozen_bytes(
-          zero_layout(plan_entries(plan, true), ids, r % tp, world / tp, stage, threshold), dtype);
+    const OffloadPlacement offload{v.config.zero.offloads_optimizer(), v.config.zero.offloads_params()};
+    ModelStateBytes b = ZeroOptimizer::analytic_bytes(layout, trained, v.config.optimizer, fp32_accumulation, offload);
+    if (lora) {
+      const FlatLayout frozen = zero_layout(plan_entries(plan, true), ids, r % tp, world / tp, stage, threshold);
+      b.frozen_params = analytic_frozen_bytes(frozen, dtype);
+      b.host += analytic_frozen_host_bytes(frozen, dtype, offload);
+    }
     out.push_back(b);
   }
   return out;
@@ -369,6 +372,8 @@ class Runner {
       measured.master_weights = r.at("master_weights").get<int64_t>();
       measured.optimizer_states = r.at("optimizer_states").get<int64_t>();
       measured.frozen_params = r.value("frozen_params", int64_t{0});  // LoRA's base
+      measured.offload_buffers = r.value("offload_buffers", int64_t{0});  // ZeRO-Offload
+      measured.host = r.value("host_bytes", int64_t{0});
       ranks.push_back({{"rank", rank},
                        {"model_states", state_bytes(measured)},
                        {"analytic", state_bytes(analytic.at(rank))},
