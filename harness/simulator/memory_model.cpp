@@ -316,18 +316,17 @@ nlohmann::json MemoryEstimate::to_json() const {
   return j;
 }
 
-HostBytes offloaded_bytes(const SimLayout& layout, int64_t part, torch::ScalarType trained_dtype) {
+HostBytes offloaded_bytes(const ModelStateBytes& engine, const SimLayout& layout, int64_t part,
+                          torch::ScalarType trained_dtype) {
   HostBytes h;
-  if (!layout.offloads_optimizer()) return h;
-  const int64_t low = static_cast<int64_t>(c10::elementSize(trained_dtype));
-  const bool mixed = trained_dtype != torch::kFloat32;
-  const bool accumulate32 = mixed && layout.gas > 1;
-  h.master_weights = 4 * part;
-  h.optimizer_states = 4 * optimizer_state_count(layout.optimizer) * part;
-  h.grads = (accumulate32 ? 4 : low) * part;
-  // offload_param: the update writes the host's parameter partition, which then
-  // needs no staging copy beside it.
-  h.params = layout.offloads_params() || mixed ? low * part : 0;
+  if (engine.host == 0) return h;
+  const bool accumulate32 = trained_dtype != torch::kFloat32 && layout.gas > 1;
+  h.master_weights = engine.master_weights;
+  h.optimizer_states = engine.optimizer_states;
+  h.grads = (accumulate32 ? 4 : static_cast<int64_t>(c10::elementSize(trained_dtype))) * part;
+  // The rest: the staged updated parameters (16-bit), or with offload_param the
+  // parameter partition the update writes instead.
+  h.params = engine.host - h.master_weights - h.optimizer_states - h.grads;
   return h;
 }
 
@@ -348,14 +347,17 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const ZeroUnits ids{config.num_layers};
   const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, shape.tp_rank, layout.dp(), layout.zero_stage,
                                       layout.persistence_threshold);
-  m.states = ZeroOptimizer::analytic_bytes(flat, trained_dtype, layout.optimizer, accumulate32);
-  // ZeRO-Offload: master weights and optimizer states leave the device (and the
+  // ZeRO-Offload: the engine's formula says what lives in host memory; the
+  // device keeps the rest (master weights and optimizer states leave it, and the
   // stage-3 parameter partition with offload_param: the persistent tensors stay).
-  m.host = offloaded_bytes(layout, flat.part, trained_dtype);
-  if (layout.offloads_optimizer()) m.states.master_weights = m.states.optimizer_states = 0;
-  if (layout.offloads_params())
-    m.states.params = (flat.whole_unit >= 0 ? flat.units[flat.whole_unit].length : 0) *
-                      static_cast<int64_t>(c10::elementSize(trained_dtype));
+  const OffloadPlacement offload{layout.offloads_optimizer(), layout.offloads_params()};
+  const ModelStateBytes engine =
+      ZeroOptimizer::analytic_bytes(flat, trained_dtype, layout.optimizer, accumulate32, offload);
+  m.host = offloaded_bytes(engine, layout, flat.part, trained_dtype);
+  m.states = engine;
+  m.states.host = m.states.offload_buffers = 0;
+  if (offload.optimizer) m.states.master_weights = m.states.optimizer_states = 0;
+  if (layout.offloads_params()) m.states.params -= m.host.params;
   const UnitLengths reduced = unit_lengths(config, flat);
   UnitLengths units = reduced;
   if (layout.lora_r > 0) {

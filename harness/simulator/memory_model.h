@@ -78,9 +78,12 @@ struct HostBytes {
   int64_t total() const { return master_weights + optimizer_states + grads + params; }
 };
 
-// The host bytes of `layout` for a flat layout whose partition has `part` elements
-// trained in `trained_dtype` (docs/simulator.md, "ZeRO-Offload").
-HostBytes offloaded_bytes(const SimLayout& layout, int64_t part, torch::ScalarType trained_dtype);
+// The host bytes of `layout` for the engine's formula of a flat layout whose
+// partition has `part` elements trained in `trained_dtype` (docs/simulator.md,
+// "ZeRO-Offload"): `engine` is analytic_model_state_bytes with the layout's
+// OffloadPlacement, so the engine's and the simulator's host bytes are one formula.
+HostBytes offloaded_bytes(const ModelStateBytes& engine, const SimLayout& layout, int64_t part,
+                          torch::ScalarType trained_dtype);
 
 struct MemoryEstimate {
   ModelStateBytes states;          // on the device between steps (the engine's formula less what is offloaded)
