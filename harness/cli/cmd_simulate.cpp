@@ -213,13 +213,11 @@ std::string scenario_markdown(const SimulateArgs& args, const scenario::Simulate
         m.peak_phase == "optimizer"
             ? fmt::format("optimizer temporaries / gather buffers {}",
                           sim::format_bytes(m.optimizer_peak - m.states.total()))
-            // The kinds peak at different moments: each is its own largest amount, so
-            // they are listed, not subtracted from the peak.
-            : fmt::format("{} alive at the peak moment (largest during the step: activations {}, transient "
-                          "gradients {}, communication buffers {})",
-                          sim::format_bytes(m.forward_backward_peak - m.states.total()),
-                          sim::format_bytes(m.activations), sim::format_bytes(m.transient_grads),
-                          sim::format_bytes(m.comm_buffers)),
+            // The components of the peak moment itself (they sum to the peak).
+            : fmt::format("at that moment activations and the batch {} + gathered parameters {} + gradients in "
+                          "reduction {}",
+                          sim::format_bytes(m.at_peak.activations), sim::format_bytes(m.at_peak.gathered),
+                          sim::format_bytes(m.at_peak.gradients)),
         r.fits ? "" : fmt::format(" > {} usable: does not fit", sim::format_bytes(r.usable_bytes)));
   }
   return md;

@@ -1,5 +1,7 @@
 #include "simulator/memory_model.h"
 
+#include <algorithm>
+#include <vector>
 #include <sstream>
 
 #include "autotp/arch/layer_names.h"
@@ -189,6 +191,7 @@ ActivationLevels activation_levels(const ActivationParts& p, int64_t L, bool rec
 // The forward / backward phase beyond the model states and the batch.
 struct ForwardBackwardMoments {
   int64_t peak = 0;             // the largest moment
+  PeakMoment at_peak;           // what that moment holds besides the model states and the batch
   int64_t transient_grads = 0;  // the largest unit's reduction (stages 2-3)
   int64_t gathered = 0;         // stage 3: gathered and prefetched units
 };
@@ -228,24 +231,28 @@ ForwardBackwardMoments forward_backward_moments(const ModelConfig& config, const
   const bool head_alone =
       stage == 3 && config.family != ModelFamily::kGpt2 && layout.persistence_threshold > config.hidden_size;
   const int64_t kept = v.kept, max_layer = u.max_layer;
-  // The head's backward prefetches the last layer; the last layer's forward the head.
-  const int64_t head_moment =
-      std::max(kept + p.head_forward, kept + p.head_backward + ahead(max_layer)) + held(u.head_use);
-  // In the first layer backward the head's reduction is in flight; in the later
-  // ones a layer's, with one layer's activations fewer.
-  const int64_t layer_moment = std::max(
-      {v.layer_peak + held(max_layer) + ahead(max_layer) + in_flight(config.tie_word_embeddings ? 0 : r.head),
-       v.layer_peak - v.one_layer + held(max_layer) + ahead(max_layer) + in_flight(r.max_layer),
-       kept + held(max_layer) + ahead(u.head_use)});
-  // A unit is released before its gradients are reduced, once its backward is
-  // done (a layer's own activations are gone by then).
-  const int64_t layer_reduce = kept - v.one_layer + reduction(r.max_layer, false) + ahead(max_layer);
-  // The head's backward has prefetched the last layer by the time its gradients are reduced.
-  const int64_t head_reduce =
-      config.tie_word_embeddings ? 0 : kept + reduction(r.head, head_alone) + ahead(max_layer);
-  const int64_t embed_reduce = p.outer + reduction(r.embed, embed_alone);  // the backward's end
+  // Each moment as {activations, gathered parameters, gradients in reduction}.
+  const std::vector<PeakMoment> moments = {
+      // The head's forward; its backward, with the last layer prefetched.
+      {kept + p.head_forward, held(u.head_use), 0},
+      {kept + p.head_backward, held(u.head_use) + ahead(max_layer), 0},
+      // In the first layer backward the head's reduction is in flight; in the later
+      // ones a layer's, with one layer's activations fewer.
+      {v.layer_peak, held(max_layer) + ahead(max_layer), in_flight(config.tie_word_embeddings ? 0 : r.head)},
+      {v.layer_peak - v.one_layer, held(max_layer) + ahead(max_layer), in_flight(r.max_layer)},
+      // The last layer's forward prefetches the head.
+      {kept, held(max_layer) + ahead(u.head_use), 0},
+      // A unit is released before its gradients are reduced, once its backward is
+      // done (a layer's own activations are gone by then).
+      {kept - v.one_layer, ahead(max_layer), reduction(r.max_layer, false)},
+      // The head's backward has prefetched the last layer by the time its gradients are reduced.
+      config.tie_word_embeddings ? PeakMoment{} : PeakMoment{kept, ahead(max_layer), reduction(r.head, head_alone)},
+      {p.outer, 0, reduction(r.embed, embed_alone)},  // the backward's end
+  };
   ForwardBackwardMoments fb;
-  fb.peak = std::max({head_moment, layer_moment, layer_reduce, head_reduce, embed_reduce});
+  fb.at_peak = *std::max_element(moments.begin(), moments.end(),
+                                 [](const PeakMoment& x, const PeakMoment& y) { return x.total() < y.total(); });
+  fb.peak = fb.at_peak.total();
   fb.transient_grads = reduces ? reduction(std::max({r.max_layer, r.head, r.embed}), false) : 0;
   fb.gathered = held(std::max({max_layer, u.head_use, u.embed})) + ahead(std::max(max_layer, u.head_use));
   return fb;
@@ -303,6 +310,8 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"total", total},
           {"model_states", states.total()},
           {"transient_grads", transient_grads},
+          {"forward_backward_peak_moment",
+           {{"activations", at_peak.activations}, {"gathered", at_peak.gathered}, {"gradients", at_peak.gradients}}},
           {"optimizer_temporaries", optimizer_temporaries},
           {"forward_backward_peak", forward_backward_peak},
           {"optimizer_peak", optimizer_peak},
@@ -384,6 +393,8 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const ForwardBackwardMoments fb = forward_backward_moments(
       config, layout, p, levels, units, reduced, static_cast<int64_t>(c10::elementSize(trained_dtype)));
   m.forward_backward_peak = m.states.total() + fb.peak + data;
+  m.at_peak = fb.at_peak;
+  m.at_peak.activations += data;
 
   SimLayout trained = layout;
   trained.dtype = trained_dtype;  // the optimizer phase works on what trains

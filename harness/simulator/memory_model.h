@@ -85,6 +85,15 @@ struct HostBytes {
 HostBytes offloaded_bytes(const ModelStateBytes& engine, const SimLayout& layout, int64_t part,
                           torch::ScalarType trained_dtype);
 
+// What the forward/backward phase's peak moment holds besides the model states:
+// components of that one moment (they sum to forward_backward_peak with the states).
+struct PeakMoment {
+  int64_t activations = 0;  // saved activations and transients of the moment, and the batch
+  int64_t gathered = 0;     // ZeRO-3 units gathered or being prefetched (and offload_param's slice copies)
+  int64_t gradients = 0;    // gradients in reduction: buckets, reduced slices in flight
+  int64_t total() const { return activations + gathered + gradients; }
+};
+
 struct MemoryEstimate {
   ModelStateBytes states;          // on the device between steps (the engine's formula less what is offloaded)
   HostBytes host;                  // ZeRO-Offload: host memory of this rank
@@ -93,7 +102,8 @@ struct MemoryEstimate {
   int64_t comm_buffers = 0;        // ZeRO-3 gathered parameters, all-gather outputs
   int64_t transient_grads = 0;     // one unit's gradients and their reduction buffer (stages 2-3)
   int64_t optimizer_temporaries = 0;  // grad-norm (fp64) chunk and the fp32 upcast chunk of the update
-  int64_t forward_backward_peak = 0;
+  int64_t forward_backward_peak = 0;  // = states.total() + at_peak.total()
+  PeakMoment at_peak;
   int64_t optimizer_peak = 0;
   int64_t total = 0;               // predicted peak bytes = max of the two phases
   std::string peak_phase;          // "forward_backward" | "optimizer"
