@@ -118,6 +118,11 @@ TEST_F(CliScenario, RunsEveryVariantAndWritesResultsAndReport) {
   std::string report = test::read_file(out + "/report.md");
   EXPECT_NE(report.find("![loss](loss.png)"), std::string::npos);
   EXPECT_NE(report.find("| tp2_z1 | ok | 2 | 1 | 1 | fp32 |"), std::string::npos) << report;
+  // Check labels are sentences: what the check asserts (the spec's words when it gives a description).
+  EXPECT_NE(report.find("| every variant ran to the end (added by default) | PASS |"), std::string::npos) << report;
+  EXPECT_EQ(report.find("ratio: ratio"), std::string::npos) << report;
+  for (const auto& c : res["checks"])
+    EXPECT_NE(c["description"].get<std::string>(), c["type"].get<std::string>()) << c.dump();
 }
 
 TEST_F(CliScenario, AFailingCheckOrVariantMakesTheExitCodeNonZero) {

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "autotp/data/data_tokenizer.h"
@@ -253,6 +254,26 @@ std::string sweep_name(const Layout& l, const json& sweep) {
   return name;
 }
 
+// What a check asserts, as a sentence (reports print it beside the verdict).
+std::string check_sentence(const CheckSpec& c) {
+  const std::string which = c.variants.empty() ? "every variant" : fmt::format("{}", fmt::join(c.variants, ", "));
+  if (c.type == "loss_agreement")
+    return fmt::format("{}: {} within {:g} (relative) of the baseline's at every step", which, c.metric,
+                       c.max_rel_diff);
+  if (c.type == "ratio") {
+    std::string bounds;
+    if (std::isfinite(c.min)) bounds = fmt::format("at least {:g}", c.min);
+    if (std::isfinite(c.max)) bounds += fmt::format("{}at most {:g}", bounds.empty() ? "" : " and ", c.max);
+    return fmt::format("{} of {} over {} ({}) is {}", c.metric, c.variant, c.of,
+                       c.rank == "max" ? "largest rank" : "rank 0", bounds);
+  }
+  if (c.type == "model_states_analytic") return which + ": measured model-state bytes equal the formula";
+  if (c.type == "loss_decreases")
+    return fmt::format("{}: the final loss is below the first{}", which,
+                       c.min_drop > 0 ? fmt::format(" by at least {:g} of it", c.min_drop) : "");
+  return "every variant ran to the end";  // no_failed_runs
+}
+
 CheckSpec parse_check(const json& j, size_t index, const Section& top) {
   const std::string where = fmt::format("checks[{}]", index);
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
@@ -305,6 +326,7 @@ CheckSpec parse_check(const json& j, size_t index, const Section& top) {
   } catch (const UserError& e) {
     top.fail("{}", e.what());
   }
+  if (!j.contains("description")) c.json["description"] = check_sentence(c);
   return c;
 }
 
@@ -616,7 +638,7 @@ void add_default_checks(ScenarioSpec& s) {
   if (std::any_of(s.checks.begin(), s.checks.end(), no_failed_runs)) return;
   CheckSpec c;
   c.type = "no_failed_runs";
-  c.json = {{"type", "no_failed_runs"}, {"description", "added by default"}};
+  c.json = {{"type", "no_failed_runs"}, {"description", "every variant ran to the end (added by default)"}};
   s.checks.push_back(c);
 }
 
