@@ -213,7 +213,10 @@ void Comm::run(const char* op, Start&& start, bool settle) {
     // waking us: waiting for that keeps the free, and so peak memory,
     // independent of scheduling. Only where the work holds a temporary.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-    while (settle && work.use_count() > 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    if (settle && work.use_count() > 1) {
+      Stopwatch timed(stats_.settle_seconds);  // what exact peak accounting costs, measured
+      while (work.use_count() > 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    }
   } catch (const std::exception& error) {
     fail(op, error);
   }

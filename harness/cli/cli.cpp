@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <csignal>
+#include <cstdlib>
+#include <string>
 #include <iostream>
 
 #include "autotp/comm/dist_env.h"
@@ -110,7 +112,11 @@ std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, B
 }
 
 int run(int argc, char** argv) {
-  install_memory_counter();  // before any tensor exists, so every byte is counted
+  // Before any tensor exists, so every byte is counted. AUTOTP_MEMORY_COUNTER=0
+  // leaves LibTorch's allocator in place: only to measure what the counting costs
+  // (bench/README.md); CPU peaks then read 0.
+  if (const char* counter = std::getenv("AUTOTP_MEMORY_COUNTER"); !counter || std::string(counter) != "0")
+    install_memory_counter();
   publish_phase("startup");
   // Over a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG and the error
   // names the file; the default action of SIGXFSZ would kill the rank without a word.

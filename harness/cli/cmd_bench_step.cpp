@@ -20,6 +20,7 @@
 #include "autotp/base/json_file.h"
 #include "autotp/base/quantile.h"
 #include "autotp/base/log.h"
+#include "autotp/base/memory_counter.h"
 #include "autotp/runtime/step_comm_volume.h"
 #include "autotp/runtime/trainer.h"
 #include "cli/bench_report.h"
@@ -105,6 +106,7 @@ TrainConfig bench_config(const Args& args, torch::ScalarType dtype, int world_si
 // What this rank measured over the timed steps.
 struct TimedSteps {
   std::vector<double> step, comm, forward_backward, optimizer, comm_forward_backward, comm_optimizer, lane;
+  std::vector<double> settle;  // Comm::run waiting for Gloo to drop buffers (exact peak accounting)
   std::vector<double> tp_forward, tp_backward;  // exposed tp communication per phase
   StepMetrics last;
   StepCommVolume counted;
@@ -136,9 +138,13 @@ TimedSteps run_timed_steps(Trainer& trainer, Topology& topology, const StepCommV
     StepCommVolume step{GroupVolume::between(before[0], groups[0]->stats()),
                         GroupVolume::between(before[1], groups[1]->stats()),
                         GroupVolume::between(before[2], groups[2]->stats())};
-    double comm = 0;
-    for (int g = 0; g < 3; ++g) comm += groups[g]->stats().seconds - before[g].seconds;
+    double comm = 0, settle = 0;
+    for (int g = 0; g < 3; ++g) {
+      comm += groups[g]->stats().seconds - before[g].seconds;
+      settle += groups[g]->stats().settle_seconds - before[g].settle_seconds;
+    }
     t.comm.push_back(comm);
+    t.settle.push_back(settle);
     t.volume_matches = t.volume_matches && step == analytic;
     t.counted = step;
   }
@@ -419,6 +425,8 @@ void write_step_json(const StepReport& r, const Args& args, const TrainConfig& c
               {"exposed_comm_forward_backward_s", median(timed.comm_forward_backward)},
               {"exposed_comm_optimizer_s", median(timed.comm_optimizer)},
               {"async_comm_s", median(timed.lane)},
+              {"comm_settle_s", median(timed.settle)},
+              {"memory_counter", memory_counter_installed()},
               {"exposed_tp_comm_forward_s", median(timed.tp_forward)},
               {"exposed_tp_comm_backward_s", median(timed.tp_backward)},
               {"overlap_comm", config.zero.overlaps(cuda)},

@@ -37,6 +37,7 @@ struct CommStats {
   int64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;  // bytes of the full input
   int64_t broadcast_calls = 0, broadcast_bytes = 0;
   double seconds = 0;        // wall time the caller spent blocked in collectives (exposed communication)
+  double settle_seconds = 0;  // of `seconds`, waiting for Gloo to drop an uneven gather's buffers (Comm::run)
   double async_seconds = 0;  // wall time started collectives ran on the lane (hidden or not)
   int64_t calls() const { return all_reduce_calls + all_gather_calls + reduce_scatter_calls + broadcast_calls; }
   int64_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes; }
