@@ -5,8 +5,11 @@
 // uninterrupted run; torchrun-style restarts and --resume auto.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "autotp/io/safetensors.h"
 #include "support/cli_runner.h"
@@ -190,6 +193,50 @@ TEST_F(CliReliability, BadInputIsNotRestarted) {
   EXPECT_NE(r.output.find("non_finite"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("one of error, skip"), std::string::npos) << r.output;
   EXPECT_EQ(count(r.output, "restarting all"), 0) << r.output;
+}
+
+// The test hook's variable is read strictly: each bad value is exit 2 before any
+// rank starts, in one line naming the variable, the bad part and what is allowed.
+// A good one says so in one line, on the rank it is armed on (here at a step the
+// run never reaches, so it trains to the end).
+TEST_F(CliReliability, TestFaultVariableIsStrictAndSaysWhenArmed) {
+  const std::string cfg = config("fault", ds_config(1e-3, 1, 1));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"rank=1,phase=backward,step=6,signal=KIL", "unknown signal \"KIL\" (one of KILL, STOP, TERM)"},
+      {"rank=1,phase=backwards,step=6",
+       "unknown phase \"backwards\" (one of startup, rendezvous, load, forward,"},
+      {"rank=1,phase=backward,stp=6", "unknown key \"stp\" (one of rank, phase, step, signal, at)"},
+      {"rank=1,phase=backward,step=-1", "step=\"-1\" is not a non-negative integer"},
+      {"rank=1,phase=backward,step=6x", "step=\"6x\" is not a non-negative integer"},
+      {"rank=one,phase=backward", "rank=\"one\" is not a non-negative integer"},
+      {"rank=0,phase=checkpoint,step=2,at=renamd",
+       "unknown point \"renamd\" (one of rank_file_partly_written,"},
+      {"rank=0,phase=forward,step=2,at=renamed", "at=renamed is a point of phase checkpoint, not of forward"},
+      {"phase=backward,step=6", "rank is missing"},
+      {"rank=1,step=6", "phase is missing"},
+      {"rank=1,phase=backward,step=6,", "an empty item after the last comma"},
+  };
+  for (const auto& [value, message] : bad) {
+    SCOPED_TRACE(value);
+    ::setenv("AUTOTP_TEST_FAULT", value.c_str(), 1);
+    auto r = run_cli(train(cfg, 2, 2));
+    ::unsetenv("AUTOTP_TEST_FAULT");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("autotp: error: AUTOTP_TEST_FAULT=\"" + value + "\": " + message),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(count(r.output, "AUTOTP_TEST_FAULT"), 1) << r.output;
+  }
+  ::setenv("AUTOTP_TEST_FAULT", "rank=1,phase=backward,step=99,signal=STOP", 1);
+  auto r = run_cli(train(cfg, 2, 2));
+  ::unsetenv("AUTOTP_TEST_FAULT");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "AUTOTP_TEST_FAULT"), 1) << r.output;
+  EXPECT_EQ(
+      count(r.output,
+            "[rank 1] warning: AUTOTP_TEST_FAULT is armed: rank 1 raises SIGSTOP during backward of step 99"),
+      1)
+      << r.output;
 }
 
 // torchrun restarts its workers with TORCHELASTIC_RESTART_COUNT > 0: autotp then

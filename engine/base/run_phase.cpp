@@ -11,7 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
+
+#include "autotp/base/error.h"
 
 namespace autotp {
 namespace {
@@ -59,38 +62,95 @@ PhaseRecord* phase_file() {
 struct TestFault {
   bool armed = false;
   std::string phase, point;
-  int64_t step = -1;
-  int signo = 0;
+  int64_t rank = -1, step = -1;
+  int signo = SIGKILL;
+  std::string signal_name = "SIGKILL";
 };
+
+// The phases publish_phase is called with, and the points phase_point is called
+// with (a checkpoint save's, engine/checkpoint/checkpointing.cpp).
+constexpr const char* kPhases[] = {"startup",   "rendezvous", "load",   "forward", "backward",
+                                   "optimizer", "checkpoint", "export", "done"};
+constexpr const char* kPoints[] = {"rank_file_partly_written", "rank_file_written", "metadata_written",
+                                   "renamed"};
+constexpr const char* kKeys[] = {"rank", "phase", "step", "signal", "at"};
+
+template <size_t N>
+bool is_one_of(const std::string& value, const char* const (&names)[N]) {
+  for (const char* name : names)
+    if (value == name) return true;
+  return false;
+}
+
+template <size_t N>
+std::string list(const char* const (&names)[N]) {
+  std::string joined;
+  for (const char* name : names) joined += (joined.empty() ? "" : ", ") + std::string(name);
+  return joined;
+}
 
 TestFault parse_test_fault() {
   TestFault fault;
   const char* spec = std::getenv(kTestFaultVariable);
-  const char* rank = std::getenv("RANK");
   if (spec == nullptr || *spec == '\0') return fault;
+  const auto fail = [&](const std::string& what) {
+    throw UserError(
+        fmt::format("{}=\"{}\": {} (the form is rank=R,phase=P[,step=S][,signal=KILL|STOP|TERM][,at=POINT]; "
+                    "docs/testing.md)",
+                    kTestFaultVariable, spec, what));
+  };
+  const auto integer = [&](const std::string& key, const std::string& value) {
+    const bool digits =
+        !value.empty() && value.size() <= 18 && value.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) fail(fmt::format("{}=\"{}\" is not a non-negative integer", key, value));
+    return static_cast<int64_t>(std::stoll(value));
+  };
   std::stringstream items(spec);
-  std::string item, want_rank, signal_name;
+  std::string item;
+  std::set<std::string> seen;
   while (std::getline(items, item, ',')) {
     const auto equals = item.find('=');
-    if (equals == std::string::npos) continue;
+    if (equals == std::string::npos) fail(fmt::format("\"{}\" is not key=value", item));
     const std::string key = item.substr(0, equals), value = item.substr(equals + 1);
-    if (key == "rank") want_rank = value;
-    if (key == "phase") fault.phase = value;
-    if (key == "step") fault.step = std::strtoll(value.c_str(), nullptr, 10);
-    if (key == "signal") signal_name = value;
-    if (key == "at") fault.point = value;
+    if (!is_one_of(key, kKeys)) fail(fmt::format("unknown key \"{}\" (one of {})", key, list(kKeys)));
+    if (!seen.insert(key).second) fail(fmt::format("{} given twice", key));
+    if (key == "rank") fault.rank = integer(key, value);
+    if (key == "step") fault.step = integer(key, value);
+    if (key == "phase") {
+      if (!is_one_of(value, kPhases))
+        fail(fmt::format("unknown phase \"{}\" (one of {})", value, list(kPhases)));
+      fault.phase = value;
+    }
+    if (key == "at") {
+      if (!is_one_of(value, kPoints))
+        fail(fmt::format("unknown point \"{}\" (one of {})", value, list(kPoints)));
+      fault.point = value;
+    }
+    if (key == "signal") {
+      if (value == "KILL" || value == "STOP" || value == "TERM") {
+        fault.signo = value == "STOP" ? SIGSTOP : value == "TERM" ? SIGTERM : SIGKILL;
+        fault.signal_name = "SIG" + value;
+      } else {
+        fail(fmt::format("unknown signal \"{}\" (one of KILL, STOP, TERM)", value));
+      }
+    }
   }
-  fault.signo = signal_name == "STOP" ? SIGSTOP : signal_name == "TERM" ? SIGTERM : SIGKILL;
+  if (std::string(spec).back() == ',') fail("an empty item after the last comma");
+  if (fault.rank < 0) fail("rank is missing");
+  if (fault.phase.empty()) fail("phase is missing");
+  if (!fault.point.empty() && fault.phase != "checkpoint")
+    fail(fmt::format("at={} is a point of phase checkpoint, not of {}", fault.point, fault.phase));
   // Only ranks: the process that launched them has no RANK. Only a world's first
   // attempt: a world restarted after the fault (--max-restarts) runs clean.
+  const char* rank = std::getenv("RANK");
   const char* restart = std::getenv("AUTOTP_RESTART_COUNT");
   const bool first_attempt = restart == nullptr || std::string(restart) == "0";
-  fault.armed = rank != nullptr && want_rank == rank && !fault.phase.empty() && first_attempt;
+  fault.armed = rank != nullptr && std::to_string(fault.rank) == rank && first_attempt;
   return fault;
 }
 
 const TestFault& test_fault() {
-  static const TestFault fault = parse_test_fault();
+  static const TestFault fault = parse_test_fault();  // a throw leaves it unset: the next call throws again
   return fault;
 }
 
@@ -102,12 +162,9 @@ void maybe_inject_fault(const char* point) {
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
   // The test measures the time to exit from this line.
-  const char* signal_name = fault.signo == SIGSTOP   ? "SIGSTOP"
-                            : fault.signo == SIGTERM ? "SIGTERM"
-                                                     : "SIGKILL";
   const std::string line =
-      fmt::format("autotp: test fault: rank {} raises {} during {}{}{} at {} ns\n", std::getenv("RANK"),
-                  signal_name, current_phase().describe(), *point ? " at " : "", point, now_ns);
+      fmt::format("autotp: test fault: rank {} raises {} during {}{}{} at {} ns\n", fault.rank,
+                  fault.signal_name, current_phase().describe(), *point ? " at " : "", point, now_ns);
   const ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
   (void)ignored;
   ::raise(fault.signo);
@@ -131,6 +188,14 @@ void publish_phase(const char* phase, int64_t step) {
 }
 
 void phase_point(const char* point) { maybe_inject_fault(point); }
+
+std::optional<std::string> armed_test_fault() {
+  const TestFault& fault = test_fault();
+  if (!fault.armed) return std::nullopt;
+  const std::string phase = PublishedPhase{fault.phase, fault.step}.describe();
+  return fmt::format("rank {} raises {} during {}{}{}", fault.rank, fault.signal_name, phase,
+                     fault.point.empty() ? "" : " at ", fault.point);
+}
 
 std::string PublishedPhase::describe() const {
   if (step < 0) return phase;

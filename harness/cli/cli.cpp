@@ -95,6 +95,7 @@ int maybe_launch(const WorldOptions& options) {
 std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend) {
   DistEnv env = DistEnv::from_environment();
   init_logging(LogOptions{env.rank});
+  if (const auto fault = armed_test_fault()) log().warn("{} is armed: {}", kTestFaultVariable, *fault);
   int threads = options.threads > 0 ? options.threads : env.threads;
   if (threads > 0) at::set_num_threads(threads);
   set_blas_threads(threads);
@@ -117,7 +118,6 @@ int run(int argc, char** argv) {
   // (bench/README.md); CPU peaks then read 0.
   if (const char* counter = std::getenv("AUTOTP_MEMORY_COUNTER"); !counter || std::string(counter) != "0")
     install_memory_counter();
-  publish_phase("startup");
   // Over a file-size limit (RLIMIT_FSIZE) a write fails with EFBIG and the error
   // names the file; the default action of SIGXFSZ would kill the rank without a word.
   signal(SIGXFSZ, SIG_IGN);
@@ -141,6 +141,8 @@ int run(int argc, char** argv) {
   register_tokenize(app);
   register_data(app);
   try {
+    armed_test_fault();  // a bad AUTOTP_TEST_FAULT is exit 2 here, before any rank starts
+    publish_phase("startup");
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a launched run's exit code, already reported

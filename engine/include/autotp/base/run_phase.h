@@ -17,7 +17,7 @@ namespace autotp {
 
 // Environment variable naming the phase file of this rank (set by launch_local).
 inline constexpr const char* kPhaseFileVariable = "AUTOTP_PHASE_FILE";
-// Test hook (docs/testing.md): "rank=R,phase=P,step=S,signal=KILL|STOP|TERM[,at=POINT]".
+// Test hook (docs/testing.md): "rank=R,phase=P[,step=S][,signal=KILL|STOP|TERM][,at=POINT]".
 inline constexpr const char* kTestFaultVariable = "AUTOTP_TEST_FAULT";
 
 // Sets this rank's phase. `phase` must be a string literal (it is kept by
@@ -29,6 +29,16 @@ void publish_phase(const char* phase, int64_t step = -1);
 // A named point inside the current phase (e.g. "rank_file_partly_written" in a
 // checkpoint save). Publishes nothing; only the test hook can act on it.
 void phase_point(const char* point);
+
+// Reads AUTOTP_TEST_FAULT (once; publish_phase uses the same reading). Strict: a
+// missing rank or phase, an unknown key, phase, point or signal, a rank or step
+// that is not a non-negative integer is a UserError naming the variable, the bad
+// part and the allowed values. Returns what the fault will do in this process
+// ("rank 1 raises SIGKILL during backward of step 6"), or nullopt when the
+// variable is unset or the fault is not armed here (another rank, no RANK, or a
+// restarted world). The CLI calls it before anything else, so a bad value fails
+// the run before any rank starts.
+std::optional<std::string> armed_test_fault();
 
 struct PublishedPhase {
   std::string phase;  // "" before the first publish_phase
