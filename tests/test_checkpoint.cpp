@@ -57,13 +57,9 @@ std::unique_ptr<Trainer> make_trainer(const std::shared_ptr<Topology>& topo, int
                                       const std::string& data_path, uint64_t weight_seed) {
   auto config = TrainConfig::from_json(train_config(topo->tp_size(), stage, bf16), "test");
   config.resolve_batch(topo->world_size());
-  auto source = resolve_model("preset:llama-tiny");
-  TpPlanOptions plan_options;
-  plan_options.tp_size = topo->tp_size();
-  auto model = load_model(source, TpPlan::build(source.config, plan_options), topo->tp(), training_dtype(config),
-                          weight_seed);
+  auto model = test::sharded_preset("llama-tiny", *topo, training_dtype(config), weight_seed);
   DataOptions data_options;
-  data_options.vocab_size = source.config.vocab_size;
+  data_options.vocab_size = model->config().vocab_size;
   std::shared_ptr<Dataset> data = open_dataset(data_path, data_options);
   return std::make_unique<Trainer>(config, topo, std::move(model), data, /*shuffle=*/true);
 }

@@ -53,12 +53,8 @@ std::unique_ptr<Trainer> make_trainer(const std::shared_ptr<Topology>& topo, con
                                       uint64_t weight_seed) {
   auto config = TrainConfig::from_json(offload_config(topo->tp_size(), topo->dp_size(), l), "test");
   config.resolve_batch(topo->world_size());
-  auto source = resolve_model("preset:llama-tiny");
-  TpPlanOptions plan_options;
-  plan_options.tp_size = topo->tp_size();
-  auto model = load_model(source, TpPlan::build(source.config, plan_options), topo->tp(), training_dtype(config),
-                          weight_seed);
-  return std::make_unique<Trainer>(config, topo, std::move(model), nullptr, false);
+  return std::make_unique<Trainer>(
+      config, topo, test::sharded_preset("llama-tiny", *topo, training_dtype(config), weight_seed), nullptr, false);
 }
 
 // Step `step`'s micro-batches for this rank: the same global rows whatever the layout.

@@ -39,4 +39,12 @@ nlohmann::json preset_config(const std::string& name, const nlohmann::json& over
   return config;
 }
 
+std::unique_ptr<CausalLM> sharded_preset(const std::string& name, Topology& topo, torch::ScalarType dtype,
+                                         uint64_t seed) {
+  auto source = resolve_model("preset:" + name);
+  TpPlanOptions plan_options;
+  plan_options.tp_size = topo.tp_size();
+  return load_model(source, TpPlan::build(source.config, plan_options), topo.tp(), dtype, seed);
+}
+
 }  // namespace autotp::test

@@ -4,7 +4,11 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <string>
+
+#include "autotp/comm/topology.h"
+#include "autotp/model/presets.h"
 
 namespace autotp::test {
 
@@ -22,5 +26,10 @@ std::string write_line_corpus(const std::string& path, int lines,
 
 // The config.json of a built-in preset, optionally with keys overridden.
 nlohmann::json preset_config(const std::string& name, const nlohmann::json& overrides = nlohmann::json::object());
+
+// Built-in preset `name` sharded for `topo`'s tp group (the default plan), in
+// `dtype`, with weights from `seed`.
+std::unique_ptr<CausalLM> sharded_preset(const std::string& name, Topology& topo, torch::ScalarType dtype,
+                                         uint64_t seed);
 
 }  // namespace autotp::test
