@@ -310,18 +310,22 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"total", total},
           {"model_states", states.total()},
           {"transient_grads", transient_grads},
-          {"forward_backward_peak_moment",
-           {{"activations", at_peak.activations}, {"gathered", at_peak.gathered}, {"gradients", at_peak.gradients}}},
+          // The forward/backward peak moment's components (flat: the memory object has one level).
+          {"peak_moment_activations", at_peak.activations},
+          {"peak_moment_gathered", at_peak.gathered},
+          {"peak_moment_gradients", at_peak.gradients},
           {"optimizer_temporaries", optimizer_temporaries},
           {"forward_backward_peak", forward_backward_peak},
           {"optimizer_peak", optimizer_peak},
           {"peak_phase", peak_phase}};
   if (states.frozen_params > 0) j["frozen_params"] = states.frozen_params;  // LoRA's base
-  j["host"] = {{"master_weights", host.master_weights},
-               {"optimizer_states", host.optimizer_states},
-               {"grads", host.grads},
-               {"params", host.params},
-               {"total", host.total()}};
+  if (host.total() > 0) {  // ZeRO-Offload only; flat keys, so "total" etc. keep one meaning
+    j["host_bytes"] = host.total();
+    j["host_master_weights"] = host.master_weights;
+    j["host_optimizer_states"] = host.optimizer_states;
+    j["host_grads"] = host.grads;
+    j["host_params"] = host.params;
+  }
   return j;
 }
 
