@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -77,16 +79,7 @@ constexpr const char* kKeys[] = {"rank", "phase", "step", "signal", "at"};
 
 template <size_t N>
 bool is_one_of(const std::string& value, const char* const (&names)[N]) {
-  for (const char* name : names)
-    if (value == name) return true;
-  return false;
-}
-
-template <size_t N>
-std::string list(const char* const (&names)[N]) {
-  std::string joined;
-  for (const char* name : names) joined += (joined.empty() ? "" : ", ") + std::string(name);
-  return joined;
+  return std::find(std::begin(names), std::end(names), value) != std::end(names);
 }
 
 TestFault parse_test_fault() {
@@ -112,18 +105,18 @@ TestFault parse_test_fault() {
     const auto equals = item.find('=');
     if (equals == std::string::npos) fail(fmt::format("\"{}\" is not key=value", item));
     const std::string key = item.substr(0, equals), value = item.substr(equals + 1);
-    if (!is_one_of(key, kKeys)) fail(fmt::format("unknown key \"{}\" (one of {})", key, list(kKeys)));
+    if (!is_one_of(key, kKeys)) fail(fmt::format("unknown key \"{}\" (one of {})", key, fmt::join(kKeys, ", ")));
     if (!seen.insert(key).second) fail(fmt::format("{} given twice", key));
     if (key == "rank") fault.rank = integer(key, value);
     if (key == "step") fault.step = integer(key, value);
     if (key == "phase") {
       if (!is_one_of(value, kPhases))
-        fail(fmt::format("unknown phase \"{}\" (one of {})", value, list(kPhases)));
+        fail(fmt::format("unknown phase \"{}\" (one of {})", value, fmt::join(kPhases, ", ")));
       fault.phase = value;
     }
     if (key == "at") {
       if (!is_one_of(value, kPoints))
-        fail(fmt::format("unknown point \"{}\" (one of {})", value, list(kPoints)));
+        fail(fmt::format("unknown point \"{}\" (one of {})", value, fmt::join(kPoints, ", ")));
       fault.point = value;
     }
     if (key == "signal") {
