@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "autotp/base/exp_approx.h"
+
+#include <limits>
 #include "autotp/model/attention.h"
 #include "autotp/model/rms_norm.h"
 #include "autotp/model/rotary.h"
@@ -138,6 +140,13 @@ TEST(ExpApprox, WithinTwoUlpOfStdExp) {
   EXPECT_LT(worst, 2.5e-7);  // 2 ulp of float is 2.4e-7 relative at worst
   EXPECT_EQ(exp_approx(-200.0f) < 1e-37f, true);
   EXPECT_TRUE(std::isfinite(exp_approx(200.0f)));
+  // NaN stays NaN (a diverged run must still show it), also through the fused SwiGLU.
+  EXPECT_TRUE(std::isnan(exp_approx(std::numeric_limits<float>::quiet_NaN())));
+  auto gate = torch::ones({64});
+  gate[3] = std::numeric_limits<float>::quiet_NaN();
+  auto out = silu_mul(gate, torch::ones({64}));
+  EXPECT_TRUE(std::isnan(out[3].item<float>()));
+  EXPECT_FALSE(std::isnan(out[4].item<float>()));
 }
 
 TEST(SumOfSquares, CpuLoopMatchesFp64Reference) {
