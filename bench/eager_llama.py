@@ -301,6 +301,11 @@ def parse_args():
     p.add_argument("--memory-limit-gib", type=float, default=0,
                    help="memory the fit check allows (default: free device memory; none on cpu)")
     p.add_argument("--json", help="write the result here")
+    p.add_argument("--fused-adamw", action="store_true",
+                   help="with --precision plain: AdamW(fused=True) instead of torch's default AdamW")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, profile one more step (torch.profiler) and print the N ops "
+                        "with the most self time")
     return p.parse_args()
 
 
@@ -349,7 +354,7 @@ def main():
 
     torch.manual_seed(1)
     weight_dtype = {"plain": plain_dtype, "autocast": torch.float32, "bf16": torch.bfloat16}[precision]
-    fused = cuda or precision != "plain"  # the CPU comparison keeps the optimizer it always used
+    fused = cuda or precision != "plain" or args.fused_adamw  # the CPU default keeps the optimizer it always used
     try:
         model = Llama(**cfg, dtype=weight_dtype, device=device)
         if precision == "bf16":
@@ -357,6 +362,8 @@ def main():
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused or None)
         step_times, phases, loss = run_steps(model, opt, cfg, args, device, precision)
+        if args.profile:
+            print_profile(model, opt, cfg, args, device, precision)
     except torch.OutOfMemoryError as e:
         result.update(fits=False, reason="out of memory: " + str(e).splitlines()[0][:300])
         if cuda:
@@ -389,6 +396,16 @@ def main():
               f"optimizer {optim:.4f} s = {optim / floor:.2f}x its floor {floor:.4f} s)"
               + (f", peak {result['peak_allocated_bytes'] / GIB:.2f} GiB" if cuda else ""))
     write_json(args.json, result)
+
+
+def print_profile(model, opt, cfg, args, device, precision):
+    """One more step under torch.profiler: the ops with the most self time (CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    one = argparse.Namespace(**{**vars(args), "warmup": 0, "steps": 1})
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_steps(model, opt, cfg, one, device, precision)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
 
 
 def run_steps(model, opt, cfg, args, device, precision):

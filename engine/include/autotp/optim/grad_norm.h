@@ -17,7 +17,9 @@ constexpr int64_t grad_norm_chunk(bool cuda) { return cuda ? kGradNormChunkCuda 
 // masking is exact), accumulated in fp64 chunk by chunk (BLAS dot of each
 // chunk). Returns a 1-element fp64 tensor on values' device (no host sync).
 torch::Tensor masked_sum_of_squares(const torch::Tensor& values, const torch::Tensor& mask);
-// sum_i values_i^2 over 1-D `values` (any float dtype), in fp64 chunk by chunk.
+// sum_i values_i^2 over 1-D `values` (any float dtype), in fp64 chunk by chunk. On
+// CPU for contiguous fp32 / bf16 a hand-written loop squares each chunk in fp64
+// without copying it (the chunks in parallel, their sums added in order).
 torch::Tensor sum_of_squares(const torch::Tensor& values);
 
 }  // namespace autotp
