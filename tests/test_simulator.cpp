@@ -62,8 +62,8 @@ SimLayout layout(int gpus, int tp, int stage, torch::ScalarType dtype = torch::k
 Calibration two_rank_calibration() {
   Calibration cal;
   cal.world = 2;
-  cal.gemm_peak_flops = 1e10;
-  cal.gemm_fit = {1e-6, 1e10};
+  cal.compute.gemm_peak_flops = 1e10;
+  cal.compute.gemm_fit = {1e-6, 1e10};
   cal.all_reduce[2] = {1e-4, 1e9};
   cal.all_gather[2] = {2e-4, 1e9};
   return cal;
@@ -381,16 +381,20 @@ TEST(SimulatorTime, ZeroThreeGathersAUnitEvenly) {
   }
 }
 
-TEST(SimulatorTime, InStepCollectiveExtrasAddPerCollective) {
-  // cpu-local: each gradient all-reduce and parameter gather after the backward costs
-  // step_collective_extra_s on top, each ZeRO-3 layer gather layer_gather_extra_s.
+TEST(SimulatorTime, InStepCollectiveSkewIsAShareOfTheComputeWhereRanksShareCores) {
+  // cpu-local: ranks time-sharing the cores arrive at a collective apart, in
+  // proportion to the compute since they last met. Each gradient all-reduce and
+  // parameter gather after the backward costs step_collective_skew of the forward +
+  // backward, the ZeRO-3 layer gathers together layer_gather_skew of it, scaled by
+  // how much the layout oversubscribes the cores against the calibration.
   auto model = resolve_sim_model("preset:llama-tiny");
   Calibration cal = two_rank_calibration();
-  Calibration extra = cal;
-  extra.step_collective_extra_s[2] = 0.003;
-  extra.layer_gather_extra_s[2] = 0.0005;
+  cal.cores = 1;  // two single-thread ranks on one core: oversubscribed 2x
+  cal.threads_per_rank = 1;
+  Calibration skewed = cal;
+  skewed.step_collective_skew[2] = 0.03;
+  skewed.layer_gather_skew[2] = 0.05;
   auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
-  const double L = static_cast<double>(model.config.num_layers);
   for (int stage : {0, 1, 2, 3}) {
     SimLayout l = layout(2, 1, stage);
     l.micro_batch = 2;
@@ -398,28 +402,75 @@ TEST(SimulatorTime, InStepCollectiveExtrasAddPerCollective) {
     l.gas = 2;
     l.persistence_threshold = 0;  // llama-tiny's tensors would all stay whole
     auto base = estimate_time(model.config, shape, l, cpu_local_cluster(cal, "base"));
-    auto with = estimate_time(model.config, shape, l, cpu_local_cluster(extra, "extra"));
-    const double expected = stage == 1 || stage == 2 ? 2 * 0.003 : stage == 0 ? 0.003 : 0.003 + 2 * 2 * L * 0.0005;
-    EXPECT_NEAR(with.zero_comm_s - base.zero_comm_s, expected, 1e-12) << "stage " << stage;
+    auto with = estimate_time(model.config, shape, l, cpu_local_cluster(skewed, "skewed"));
+    const double fb = base.gemm_s + base.elementwise_s + base.overhead_s;
+    const double expected = stage == 1 || stage == 2 ? 2 * 0.03 * fb : stage == 0 ? 0.03 * fb : (0.03 + 0.05) * fb;
+    EXPECT_NEAR(with.zero_comm_s - base.zero_comm_s, expected, 1e-9 * fb) << "stage " << stage;
     EXPECT_EQ(with.zero_collectives, base.zero_collectives);
     EXPECT_DOUBLE_EQ(with.compute_s, base.compute_s);
   }
-  // Negative seconds in a file are bad input, naming the key.
-  json j = extra.to_json();
-  j["layer_gather_extra_s"]["2"] = -1;
+  // Each lock-step collective also waits collective_wake_s for a descheduled partner.
+  Calibration woken = cal;
+  woken.collective_wake_s[2] = 2e-4;
+  for (int tp : {1, 2}) {
+    SimLayout l = layout(2, tp, 1);
+    l.micro_batch = 2;
+    l.seq_len = 64;
+    auto tp_shape = rank_shape(model.config, build_plan(model.config, tp), 0);
+    auto base = estimate_time(model.config, tp_shape, l, cpu_local_cluster(cal, "base"));
+    auto with = estimate_time(model.config, tp_shape, l, cpu_local_cluster(woken, "woken"));
+    EXPECT_NEAR(with.tp_comm_s - base.tp_comm_s, static_cast<double>(base.tp_collectives) * 2e-4, 1e-12) << tp;
+    EXPECT_NEAR(with.zero_comm_s - base.zero_comm_s, static_cast<double>(base.zero_collectives) * 2e-4, 1e-12) << tp;
+  }
+  // Where every rank has a core of its own there is no skew.
+  Calibration roomy = skewed;
+  roomy.cores = 2;
+  roomy.world = 4;  // measured with 4 ranks on 2 cores
+  EXPECT_DOUBLE_EQ(roomy.skew_share(2), 0.0);
+  EXPECT_DOUBLE_EQ(roomy.skew_share(4), 1.0);
+  // Negative shares in a file are bad input, naming the key.
+  json j = skewed.to_json();
+  j["layer_gather_skew"]["2"] = -1;
   try {
     Calibration::from_json(j, "cal.json");
-    ADD_FAILURE() << "accepted a negative extra";
+    ADD_FAILURE() << "accepted a negative skew";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("cal.json: 'layer_gather_extra_s.2' must be seconds >= 0"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("cal.json: 'layer_gather_skew.2' must be a number >= 0"), std::string::npos)
         << e.what();
   }
-  // Older files without the extras read as none.
-  j.erase("layer_gather_extra_s");
-  j.erase("step_collective_extra_s");
+  // Older files without them read as none.
+  j.erase("layer_gather_skew");
+  j.erase("step_collective_skew");
   auto old = Calibration::from_json(j, "old.json");
-  EXPECT_TRUE(old.step_collective_extra_s.empty());
-  EXPECT_TRUE(old.layer_gather_extra_s.empty());
+  EXPECT_TRUE(old.step_collective_skew.empty());
+  EXPECT_TRUE(old.layer_gather_skew.empty());
+}
+
+TEST(SimulatorTime, GemmsOfUnmeasuredShapesAtTheGridsInterpolatedRate) {
+  // A calibration times a grid of shapes whatever its model: a shape it did not
+  // time is priced at the FLOP rate interpolated log-linearly between grid points.
+  ComputeCosts costs;
+  costs.gemm_fit = {1, 1};  // never used while the grid is there
+  auto rate_at = [](int64_t m, int64_t k, int64_t n) { return 1e9 * std::log2(double(m)) + 1e8 * std::log2(double(k * n)); };
+  for (int64_t m : kGemmGrid)
+    for (int64_t k : kGemmGrid)
+      for (int64_t n : kGemmGrid) costs.gemm_seconds[GemmShape{m, k, n, 1}] = GemmShape{m, k, n, 1}.flops() / rate_at(m, k, n);
+  // Measured shapes are their own time.
+  const GemmShape on_grid{64, 256, 1024, 1};
+  EXPECT_DOUBLE_EQ(costs.gemm(on_grid), on_grid.flops() / rate_at(64, 256, 1024));
+  // Halfway (in log) between two grid points of m: the geometric mean of their rates.
+  const GemmShape mid{128, 256, 256, 1};
+  const double expected_rate = std::sqrt(rate_at(64, 256, 256) * rate_at(256, 256, 256));
+  EXPECT_NEAR(costs.gemm(mid), mid.flops() / expected_rate, 1e-9 * costs.gemm(mid));
+  // A batch runs as that many GEMMs; beyond the grid the edge's rate holds.
+  const GemmShape batched{128, 256, 256, 6};
+  EXPECT_NEAR(costs.gemm(batched), 6 * costs.gemm(mid), 1e-12);
+  const GemmShape big{2048, 2048, 32000, 1};
+  EXPECT_NEAR(costs.gemm(big), big.flops() / rate_at(2048, 2048, 2048), 1e-9 * costs.gemm(big));
+  // Without a grid (older files) the fit prices it.
+  ComputeCosts old;
+  old.gemm_fit = {1e-6, 1e10};
+  EXPECT_DOUBLE_EQ(old.gemm(mid), 1e-6 + mid.flops() / 1e10);
 }
 
 TEST(SimulatorTime, OverlapHidesWhatTheEngineRunsBehindCompute) {
@@ -588,21 +639,34 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
   ASSERT_EQ(cal.exit_code, 0) << cal.output;
   auto c = Calibration::from_file(file);
   EXPECT_EQ(c.world, 4);
-  EXPECT_GT(c.gemm_peak_flops, 0);
+  EXPECT_GT(c.compute.gemm_peak_flops, 0);
   EXPECT_GE(c.concurrency_slowdown, 1.0);
   ASSERT_TRUE(c.optimizer_step.has_value());
   EXPECT_GT(c.optimizer_step->rate, 1.0);
-  EXPECT_GE(c.layer_overhead_s, 0.0);
+  EXPECT_GE(c.overhead_ratio, 0.0);
   for (int g : {2, 4}) {
     EXPECT_EQ(c.all_reduce.count(g), 1u) << g;
     EXPECT_EQ(c.all_gather.count(g), 1u) << g;
-    EXPECT_EQ(c.layer_overhead_by_tp.count(g), 1u) << g;  // llama-tiny's real step at tp g
-    EXPECT_EQ(c.step_collective_extra_s.count(g), 1u) << g;
-    EXPECT_EQ(c.layer_gather_extra_s.count(g), 1u) << g;
+    EXPECT_EQ(c.overhead_ratio_by_tp.count(g), 1u) << g;  // llama-tiny's real step at tp g
+    EXPECT_EQ(c.step_collective_skew.count(g), 1u) << g;
+    EXPECT_EQ(c.layer_gather_skew.count(g), 1u) << g;
+    EXPECT_EQ(c.collective_wake_s.count(g), 1u) << g;
+  }
+  // The other compute dtype was timed too, on the same grid.
+  ASSERT_EQ(c.other_dtypes.count("bf16"), 1u);
+  EXPECT_GT(c.other_dtypes.at("bf16").gemm_peak_flops, 0);
+  for (int64_t m : kGemmGrid) {
+    const GemmShape square{m, m, m, 1};
+    EXPECT_EQ(c.compute.gemm_seconds.count(square), 1u) << m;
+    EXPECT_EQ(c.other_dtypes.at("bf16").gemm_seconds.count(square), 1u) << m;
   }
   EXPECT_DOUBLE_EQ(c.slowdown(1), 1.0);
   EXPECT_DOUBLE_EQ(c.slowdown(4), c.concurrency_slowdown);
-  EXPECT_DOUBLE_EQ(c.slowdown(2), 1 + (c.concurrency_slowdown - 1) / 3);
+  // Two ranks share the cores as ranks x threads / cores says; what was measured beyond
+  // that (memory, caches) grows linearly with the ranks.
+  const double oversub2 = std::max(1.0, 2.0 * c.threads_per_rank / c.cores),
+               oversub4 = std::max(1.0, 4.0 * c.threads_per_rank / c.cores);
+  EXPECT_DOUBLE_EQ(c.slowdown(2), oversub2 * (1 + (c.concurrency_slowdown / oversub4 - 1) / 3));
   // Every GEMM of a llama-tiny step at tp 1, 2 and 4 was measured at its exact shape.
   auto model = resolve_sim_model("preset:llama-tiny");
   for (int tp : {1, 2, 4}) {
@@ -611,7 +675,7 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
     l.seq_len = 64;
     for (int r = 0; r < tp; ++r)
       for (const auto& [shape, count] : step_gemms(model.config, rank_shape(model.config, build_plan(model.config, tp), r), l))
-        EXPECT_EQ(c.gemm_seconds.count(shape), 1u) << shape.m << "x" << shape.k << "x" << shape.n;
+        EXPECT_EQ(c.compute.gemm_seconds.count(shape), 1u) << shape.m << "x" << shape.k << "x" << shape.n;
   }
   auto r = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
                          " --gpus 2 --tp 2 --zero 1 --micro-batch 2 --seq-len 64 --dtype fp32 --json 2>/dev/null");
@@ -672,6 +736,46 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
     EXPECT_NEAR(sim, ju["simulated"]["time"]["step_s"].get<double>() / 0.75, 1e-12 * sim);
     EXPECT_NEAR(jm["simulated"]["time"]["zero_comm_s"].get<double>(),
                 ju["simulated"]["time"]["zero_comm_s"].get<double>() / 0.75, 1e-12 * sim);
+    // Rounds of the same layout (repeated --measured): the medians over the rounds of
+    // each round's median, measured and simulated (each round at its own steal).
+    std::string args;
+    for (int round : {1, 2, 3}) {
+      const std::string path = ::testing::TempDir() + "/sim_measured_round" + std::to_string(round) + ".jsonl";
+      std::string round_text;
+      for (double t : steps)
+        round_text += json{{"step_time_s", t * round},
+                           {"host_cpu", {{"busy_s", 0.3}, {"steal_s", round == 3 ? 0.0 : 0.1}}},
+                           {"layout", {{"world", 2}, {"tp", 2}, {"zero_stage", 1}, {"dtype", "float32"}}},
+                           {"memory", {{"ranks", json::array({{{"peak_allocated_bytes", 1000 * round}}})}}}}
+                          .dump() +
+                      "\n";
+      io::write_text_file_atomic(path, round_text);
+      args += " --measured " + path;
+    }
+    auto r3 = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                            " --micro-batch 2 --seq-len 64" + args + " --json 2>/dev/null");
+    ASSERT_EQ(r3.exit_code, 0) << r3.output;
+    const json j3 = json::parse(r3.output);
+    ASSERT_EQ(j3["rounds"].size(), 3u);
+    EXPECT_DOUBLE_EQ(j3["measured"]["step_s"].get<double>(), 0.090);  // of 0.045, 0.090, 0.135
+    EXPECT_NEAR(j3["rounds"][2]["simulated_step_s"].get<double>(), ju["simulated"]["time"]["step_s"].get<double>(),
+                1e-12 * sim);  // round 3 had no steal
+    EXPECT_NEAR(j3["simulated_step_s"].get<double>(), sim, 1e-12 * sim);  // the median: rounds 1-2 at 25%
+    EXPECT_NEAR(j3["step_error"].get<double>(), sim / 0.090 - 1, 1e-12);
+    EXPECT_EQ(j3["measured"]["peak_allocated_bytes"].get<int64_t>(), 3000);
+    // A round of another layout is bad input naming it.
+    auto mixed = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                               " --micro-batch 2 --seq-len 64" + args + " --measured " + metrics + " 2>&1");
+    EXPECT_EQ(mixed.exit_code, 0) << mixed.output;  // the same layout: a fourth round
+    const std::string other = ::testing::TempDir() + "/sim_measured_other.jsonl";
+    io::write_text_file_atomic(other, json{{"step_time_s", 0.05},
+                                           {"layout", {{"world", 2}, {"tp", 1}, {"zero_stage", 1}, {"dtype", "float32"}}},
+                                           {"memory", {{"ranks", json::array({{{"peak_allocated_bytes", 1}}})}}}}
+                                              .dump() + "\n");
+    auto bad_round = test::run_cli("simulate --model preset:llama-tiny --cluster cpu-local --calibration " + file +
+                                   " --micro-batch 2 --seq-len 64" + args + " --measured " + other + " 2>&1");
+    EXPECT_EQ(bad_round.exit_code, 2) << bad_round.output;
+    EXPECT_NE(bad_round.output.find(other + ": its layout differs"), std::string::npos) << bad_round.output;
   }
   // A file that is not a calibration is bad input.
   io::write_text_file_atomic(file, "{\"world\": 2}");

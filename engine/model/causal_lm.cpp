@@ -15,8 +15,6 @@
 #include "autotp/model/attention.h"
 #include "autotp/model/fused_experts.h"
 #include "autotp/model/rms_norm.h"
-#include "autotp/model/rotary.h"
-#include "autotp/model/swiglu.h"
 #include "autotp/base/error.h"
 #include "autotp/tp/parallel_layers.h"
 #include "autotp/model/layer_schedule.h"
@@ -29,6 +27,11 @@ namespace F = torch::nn::functional;
 Comm& self_comm() {
   static Comm comm;
   return comm;
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
 torch::Tensor gelu_new(const torch::Tensor& x) {
@@ -542,8 +545,8 @@ torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const
     }
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
-    q = apply_rotary(q, cos, sin);
-    k = apply_rotary(k, cos, sin);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
     return row_partial(p + "self_attn.o_proj", attention(layer, q_param, q, k, v));
   };
   blocks.after_attention = [&](const torch::Tensor& xs, const torch::Tensor& reduced) {
@@ -565,8 +568,7 @@ torch::Tensor CausalLM::llama_layer(int64_t layer, const torch::Tensor& x, const
       mlp = gate_up[1] * mlp_activation(gate_up[0]);
     } else {
       auto gate_up = column_inputs({p + "mlp.gate_proj", p + "mlp.up_proj"}, h);
-      mlp = config_.activation == "gelu_pytorch_tanh" ? mlp_activation(gate_up[0]) * gate_up[1]
-                                                      : silu_mul(gate_up[0], gate_up[1]);
+      mlp = mlp_activation(gate_up[0]) * gate_up[1];
     }
     return row_partial(p + "mlp.down_proj", mlp);
   };

@@ -29,7 +29,8 @@ namespace {
 using nlohmann::json;
 
 struct SimulateArgs {
-  std::string model, cluster, dtype = "bf16", optimizer = "AdamW", calibration, scenario, markdown, measured;
+  std::string model, cluster, dtype = "bf16", optimizer = "AdamW", calibration, scenario, markdown;
+  std::vector<std::string> measured;  // --measured, once per round of one layout
   int gpus = 0;
   std::optional<int> tp, zero;
   int64_t micro_batch = 1, seq_len = 0, gas = 1, reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;
@@ -76,11 +77,18 @@ void calibrate(const SimulateArgs& args) {
   write_output(path, cal.to_json().dump(2) + "\n");
   std::cout << fmt::format("calibration of {} ranks x {} threads on {} ({}) written to {}\n", cal.world,
                            cal.threads_per_rank, cal.device, cal.dtype, path);
-  std::cout << fmt::format("  GEMM: {} step shapes of {}, best {:.2f} GFLOP/s per rank\n", cal.gemm_seconds.size(),
-                           cal.model, cal.gemm_peak_flops / 1e9);
-  std::cout << fmt::format("  elementwise op: {:.1f} us + bytes / {:.2f} GB/s (forward+backward {:.1f} us)\n",
-                           cal.elementwise_forward.latency_s * 1e6, cal.elementwise_forward.rate / 1e9,
-                           cal.elementwise_forward_backward.latency_s * 1e6);
+  for (const auto& [name, costs] : std::map<std::string, const sim::ComputeCosts*>{
+           {cal.dtype, &cal.compute}, {cal.other_dtypes.empty() ? cal.dtype : cal.other_dtypes.begin()->first,
+                                       cal.other_dtypes.empty() ? &cal.compute : &cal.other_dtypes.begin()->second}}) {
+    std::cout << fmt::format("  {} GEMM: {} shapes (a grid and the step shapes of {}), best {:.2f} GFLOP/s per rank\n",
+                             name, costs->gemm_seconds.size(), cal.model, costs->gemm_peak_flops / 1e9);
+    std::cout << fmt::format("  {} elementwise op: {:.1f} us + bytes / {:.2f} GB/s (forward+backward {:.1f} us)\n",
+                             name, costs->elementwise_forward.latency_s * 1e6, costs->elementwise_forward.rate / 1e9,
+                             costs->elementwise_forward_backward.latency_s * 1e6);
+  }
+  std::cout << fmt::format("  framework overhead: {:.1f}% of the GEMM and elementwise costs at tp 1", 100 * cal.overhead_ratio);
+  for (const auto& [n, ratio] : cal.overhead_ratio_by_tp) std::cout << fmt::format(", {:.1f}% at tp {}", 100 * ratio, n);
+  std::cout << "\n";
   std::cout << fmt::format("  {} ranks at once: {:.2f}x slower than one; the host took {:.0f}% of the CPU while "
                            "measuring (times are without it)\n",
                            cal.world, cal.concurrency_slowdown, 100 * cal.host_steal_fraction);
@@ -93,10 +101,14 @@ void calibrate(const SimulateArgs& args) {
   for (const auto& [n, c] : cal.all_gather)
     std::cout << fmt::format("  all-gather over {}: {:.0f} us + bytes / {:.3f} GB/s\n", n, c.latency_s * 1e6,
                              c.rate / 1e9);
-  for (const auto& [n, extra] : cal.step_collective_extra_s)
-    std::cout << fmt::format("  inside a step, group of {}: +{:.2f} ms per gradient all-reduce / parameter gather, "
-                             "+{:.2f} ms per ZeRO-3 layer gather\n",
-                             n, extra * 1e3, cal.layer_gather_extra_s.count(n) ? cal.layer_gather_extra_s.at(n) * 1e3 : 0.0);
+  for (const auto& [n, skew] : cal.step_collective_skew)
+    std::cout << fmt::format("  inside a step, group of {} (ranks time-sharing the cores): +{:.1f}% of the forward + "
+                             "backward per gradient all-reduce / parameter gather, +{:.1f}% for all ZeRO-3 layer "
+                             "gathers\n",
+                             n, 100 * skew, cal.layer_gather_skew.count(n) ? 100 * cal.layer_gather_skew.at(n) : 0.0);
+  for (const auto& [n, wake] : cal.collective_wake_s)
+    std::cout << fmt::format("  a collective over {} between short computations: +{:.0f} us beyond back-to-back\n", n,
+                             wake * 1e6);
 }
 
 sim::SimLayout layout_from(const SimulateArgs& args, const sim::ClusterSpec& cluster) {
@@ -167,6 +179,7 @@ std::string scenario_markdown(const SimulateArgs& args, const scenario::Simulate
   md += fmt::format("- model: {} ({}, {} parameters)\n", first.model, first.architecture, first.parameters);
   md += fmt::format("- cluster: {} — {}\n- sources of the figures: {}\n", cluster.name, cluster.description,
                     cluster.sources);
+  if (!cluster.assumptions.empty()) md += fmt::format("- {}\n", cluster.assumptions);
   md += fmt::format("- {} GPUs, sequence length {}, micro-batch {}, gradient accumulation {}, {}, AdamW\n", base.gpus,
                     base.seq_len, base.micro_batch, base.gas, s.base.dtype);
   if (!s.assumptions.empty()) md += fmt::format("- assumptions: {}\n", s.assumptions);
@@ -271,21 +284,50 @@ void run_scenario(const SimulateArgs& args) {
   std::cout << "wrote " << args.markdown << "\n";
 }
 
-// Simulated against measured: the layout comes from an `autotp train --metrics` file.
-void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model, sim::ClusterSpec cluster) {
-  std::ifstream in(args.measured);
-  AUTOTP_USER_CHECK(in.good(), "--measured {}: cannot open", args.measured);
+// One `autotp train --metrics` file: its layout and the step times after the first.
+struct MeasuredRun {
+  json layout;
+  std::vector<double> times;  // step seconds, the first step left out (it pays one-time costs)
+  double steal = 0;           // the host's steal over those steps
+  int64_t peak = 0;           // the largest rank's peak allocated bytes
+};
+
+MeasuredRun read_measured(const std::string& path) {
+  std::ifstream in(path);
+  AUTOTP_USER_CHECK(in.good(), "--measured {}: cannot open", path);
   std::vector<json> lines;
   std::string line;
   while (std::getline(in, line))
     if (!line.empty()) lines.push_back(json::parse(line, nullptr, false));
   AUTOTP_USER_CHECK(!lines.empty() && !lines.back().is_discarded() && lines.back().contains("layout"),
-                    "--measured {}: not an `autotp train --metrics` file (JSON lines with 'layout')", args.measured);
-  const json& last = lines.back();
-  const json& lay = last["layout"];
+                    "--measured {}: not an `autotp train --metrics` file (JSON lines with 'layout')", path);
+  MeasuredRun run;
+  run.layout = lines.back()["layout"];
+  const size_t first = lines.size() > 1 ? 1 : 0;
+  run.steal = run_steal_fraction(lines, first);
+  for (size_t i = first; i < lines.size(); ++i) run.times.push_back(lines[i].at("step_time_s").get<double>());
+  for (const auto& r : lines.back().at("memory").at("ranks"))
+    run.peak = std::max(run.peak, r.at("peak_allocated_bytes").get<int64_t>());
+  return run;
+}
+
+// Simulated against measured: the layout comes from `autotp train --metrics` files,
+// one per round of the same layout (repeated --measured). Each round is simulated
+// at the steal the host took during its steps; measured and simulated are the
+// medians over rounds of each round's median step.
+void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model, sim::ClusterSpec cluster) {
+  std::vector<MeasuredRun> runs;
+  for (const auto& path : args.measured) {
+    runs.push_back(read_measured(path));
+    AUTOTP_USER_CHECK(runs.back().layout == runs.front().layout,
+                      "--measured {}: its layout differs from {}'s (every round must run the same layout)", path,
+                      args.measured.front());
+  }
+  const std::string& source = args.measured.front();
+  const json& lay = runs.front().layout;
   SimulateArgs a = args;
   AUTOTP_USER_CHECK(lay.contains("seq_len") || args.seq_len >= 1,
-                    "--seq-len is required: {} was written before metrics carried the sequence length", args.measured);
+                    "--seq-len is required: {} was written before metrics carried the sequence length", source);
   a.gpus = lay.at("world").get<int>();
   a.tp = lay.at("tp").get<int>();
   a.zero = lay.at("zero_stage").get<int>();
@@ -303,28 +345,43 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
     a.recompute = lay["recompute"].get<std::string>();
     AUTOTP_USER_CHECK(a.recompute != "some layers",
                       "--measured {}: recomputation of some layers only is not simulated (off, selective, full)",
-                      args.measured);
+                      source);
     a.activation_checkpointing = false;
   }
-  // The first step pays one-time costs (allocations, thread pools): the median of the rest.
-  const size_t first = lines.size() > 1 ? 1 : 0;
-  // Simulated at the steal the host took during those steps (cpu-local), unless --host-steal says otherwise.
-  if (cluster.calibration && !args.host_steal) cluster.host_steal_fraction = run_steal_fraction(lines, first);
-  auto result = sim::simulate(model, cluster, layout_from(a, cluster));
-  std::vector<double> times;
-  for (size_t i = first; i < lines.size(); ++i) times.push_back(lines[i].at("step_time_s").get<double>());
-  // The 10th percentile beside the median: within a run the steal comes in bursts.
-  const double step = median(times), fastest = *std::min_element(times.begin(), times.end()),
-               p10 = quantile(times, 0.1);
+  std::vector<double> measured, simulated, all_times, steals;
+  std::vector<sim::SimResult> results;
+  json rounds = json::array();
   int64_t peak = 0;
-  for (const auto& r : last.at("memory").at("ranks")) peak = std::max(peak, r.at("peak_allocated_bytes").get<int64_t>());
-  const double step_error = result.time.step_s / step - 1, peak_error = static_cast<double>(result.memory.total) / peak - 1;
-  const double p10_error = result.time.step_s / p10 - 1;
+  for (const auto& run : runs) {
+    // cpu-local: simulated at the steal the host took during those steps, unless --host-steal says otherwise.
+    if (cluster.calibration && !args.host_steal) cluster.host_steal_fraction = run.steal;
+    results.push_back(sim::simulate(model, cluster, layout_from(a, cluster)));
+    measured.push_back(median(run.times));
+    simulated.push_back(results.back().time.step_s);
+    steals.push_back(cluster.host_steal_fraction);
+    all_times.insert(all_times.end(), run.times.begin(), run.times.end());
+    peak = std::max(peak, run.peak);
+    rounds.push_back({{"measured_step_s", measured.back()},
+                      {"simulated_step_s", simulated.back()},
+                      {"host_steal_fraction", cluster.host_steal_fraction}});
+  }
+  // The round whose simulation is the median one stands for the breakdown.
+  const double step = median(measured), sim_step = median(simulated);
+  size_t mid = 0;
+  for (size_t i = 0; i < simulated.size(); ++i)
+    if (std::abs(simulated[i] - sim_step) < std::abs(simulated[mid] - sim_step)) mid = i;
+  const sim::SimResult& result = results[mid];
+  // The 10th percentile beside the median: within a run the steal comes in bursts.
+  const double fastest = *std::min_element(all_times.begin(), all_times.end()), p10 = quantile(all_times, 0.1);
+  const double step_error = sim_step / step - 1, peak_error = static_cast<double>(result.memory.total) / peak - 1;
+  const double p10_error = sim_step / p10 - 1;
   if (args.json) {
     std::cout << json{{"measured", {{"step_s", step}, {"p10_step_s", p10}, {"fastest_step_s", fastest},
-                                    {"peak_allocated_bytes", peak}, {"steps", lines.size()},
-                                    {"host_steal_fraction", cluster.host_steal_fraction}}},
+                                    {"peak_allocated_bytes", peak}, {"steps", all_times.size() + runs.size()},
+                                    {"host_steal_fraction", median(steals)}}},
+                      {"rounds", rounds},
                       {"simulated", result.to_json()},
+                      {"simulated_step_s", sim_step},
                       {"step_error", step_error},
                       {"p10_step_error", p10_error},
                       {"peak_error", peak_error}}
@@ -335,7 +392,7 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   std::cout << fmt::format("| tp {} dp {} ZeRO-{} | {:.1f} / {:.1f} ms ({:.1f}) | {:.0f}% | {:.1f} ms | {:+.0f}% / "
                            "{:+.0f}% | {:.1f} / {:.1f} / {:.1f} ms | {} | {} | {:+.1f}% |\n",
                            result.layout.tp, result.layout.dp(), result.layout.zero_stage, step * 1e3, p10 * 1e3,
-                           fastest * 1e3, 100 * cluster.host_steal_fraction, result.time.step_s * 1e3, 100 * step_error, 100 * p10_error,
+                           fastest * 1e3, 100 * median(steals), sim_step * 1e3, 100 * step_error, 100 * p10_error,
                            result.time.compute_s * 1e3,
                            result.time.tp_comm_s * 1e3, result.time.zero_comm_s * 1e3, sim::format_bytes(peak),
                            sim::format_bytes(result.memory.total), 100 * peak_error);
@@ -431,7 +488,8 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--markdown", args->markdown, "Also write the sweep / scenario report as markdown here");
   cmd->add_option("--measured", args->measured,
                   "Compare with an `autotp train --metrics` file (layout, micro-batch, sequence, recomputation and buckets from "
-                  "the file; older files need --micro-batch, --seq-len)");
+                  "the file; older files need --micro-batch, --seq-len). Repeat it for rounds of the same layout: "
+                  "the medians over rounds of each round's median step are compared");
   cmd->add_option("--scenario", args->scenario, "Run a simulate-only scenario file (its variants and the sweep)");
   cmd->add_flag("--calibrate", args->calibrate,
                 "Measure this machine (GEMMs at step shapes, elementwise ops, Gloo collectives) for cpu-local; use "

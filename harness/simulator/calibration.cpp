@@ -52,12 +52,12 @@ std::map<int, LinearCost> costs_from(const json& j, const std::string& where, co
   return out;
 }
 
-// {"<group size>": seconds >= 0, ...}; absent (older files) is empty.
-std::map<int, double> seconds_by_group(const json& j, const std::string& key, const std::string& source) {
+// {"<group size>": share >= 0, ...}; absent (older files) is empty.
+std::map<int, double> shares_by_group(const json& j, const std::string& key, const std::string& source) {
   std::map<int, double> out;
   if (!j.contains(key) || !j[key].is_object()) return out;
   for (const auto& [size, value] : j[key].items()) {
-    AUTOTP_USER_CHECK(value.is_number() && value.get<double>() >= 0, "{}: '{}.{}' must be seconds >= 0", source,
+    AUTOTP_USER_CHECK(value.is_number() && value.get<double>() >= 0, "{}: '{}.{}' must be a number >= 0", source,
                       key, size);
     out[std::stoi(size)] = value.get<double>();
   }
@@ -158,7 +158,17 @@ LinearCost fit_linear_cost(const std::vector<double>& x, const std::vector<doubl
 
 double Calibration::slowdown(int ranks) const {
   if (world <= 1 || ranks <= 1) return 1;
-  return 1 + (concurrency_slowdown - 1) * (ranks - 1) / (world - 1);
+  const double contention = concurrency_slowdown / oversubscription(world);
+  return oversubscription(ranks) * (1 + (contention - 1) * (ranks - 1) / (world - 1));
+}
+
+double Calibration::oversubscription(int ranks) const {
+  return std::max(1.0, static_cast<double>(ranks) * std::max(1, threads_per_rank) / std::max(1, cores));
+}
+
+double Calibration::skew_share(int ranks) const {
+  const double measured = oversubscription(world) - 1;
+  return measured > 0 ? (oversubscription(ranks) - 1) / measured : 0.0;
 }
 
 const char* dtype_label(torch::ScalarType t) {
@@ -170,44 +180,120 @@ std::string default_calibration_path() {
   return env && *env ? env : "reports/calibration/cpu-local.json";
 }
 
-json Calibration::to_json() const {
+namespace {
+
+// A ComputeCosts' keys, at the top level of the file for the calibration dtype
+// and under "other_dtypes"."<dtype>" for the other.
+void put_compute(json& j, const ComputeCosts& costs) {
   json gemm = json::array();
-  for (const auto& [s, seconds] : gemm_seconds)
+  for (const auto& [s, seconds] : costs.gemm_seconds)
     gemm.push_back({{"m", s.m}, {"k", s.k}, {"n", s.n}, {"batch", s.batch}, {"seconds", seconds},
                     {"flops_per_s", s.flops() / seconds}});
+  j["gemm"] = gemm;
+  j["gemm_fit"] = cost_json(costs.gemm_fit);
+  j["gemm_peak_flops"] = costs.gemm_peak_flops;
+  j["elementwise"] = {{"forward", cost_json(costs.elementwise_forward)},
+                      {"forward_grad", cost_json(costs.elementwise_forward_grad)},
+                      {"forward_backward", cost_json(costs.elementwise_forward_backward)}};
+}
+
+ComputeCosts compute_from(const json& j, const std::string& where, const std::string& source) {
+  ComputeCosts c;
+  try {
+    for (const auto& g : j.at("gemm")) {
+      GemmShape s{g.at("m").get<int64_t>(), g.at("k").get<int64_t>(), g.at("n").get<int64_t>(),
+                  g.at("batch").get<int64_t>()};
+      c.gemm_seconds[s] = g.at("seconds").get<double>();
+    }
+    c.gemm_peak_flops = j.at("gemm_peak_flops").get<double>();
+  } catch (const json::exception& e) {
+    throw_user_error("{}: malformed calibration{} ({})", source, where, e.what());
+  }
+  AUTOTP_USER_CHECK(c.gemm_peak_flops > 0, "{}: {}gemm_peak_flops must be positive", source, where);
+  c.gemm_fit = cost_from(j.value("gemm_fit", json()), where + "gemm_fit", source);
+  const json& e = j.value("elementwise", json::object());
+  c.elementwise_forward = cost_from(e.value("forward", json()), where + "elementwise.forward", source);
+  c.elementwise_forward_grad = cost_from(e.value("forward_grad", json()), where + "elementwise.forward_grad", source);
+  c.elementwise_forward_backward =
+      cost_from(e.value("forward_backward", json()), where + "elementwise.forward_backward", source);
+  return c;
+}
+
+// Index of the largest grid point <= x (clamped) and x's position between it and the next, in log space.
+std::pair<size_t, double> grid_position(int64_t x) {
+  constexpr size_t n = std::size(kGemmGrid);
+  if (x <= kGemmGrid[0]) return {0, 0.0};
+  if (x >= kGemmGrid[n - 1]) return {n - 2, 1.0};
+  size_t i = 0;
+  while (kGemmGrid[i + 1] < x) ++i;
+  const double t = std::log(static_cast<double>(x) / kGemmGrid[i]) /
+                   std::log(static_cast<double>(kGemmGrid[i + 1]) / kGemmGrid[i]);
+  return {i, t};
+}
+
+}  // namespace
+
+double ComputeCosts::gemm(const GemmShape& shape) const {
+  if (auto it = gemm_seconds.find(shape); it != gemm_seconds.end()) return it->second;
+  // The grid's log FLOP rate, interpolated in (log m, log k, log n); a batch runs as that many GEMMs.
+  const auto [im, tm] = grid_position(shape.m);
+  const auto [ik, tk] = grid_position(shape.k);
+  const auto [in, tn] = grid_position(shape.n);
+  double log_rate = 0;
+  for (int corner = 0; corner < 8; ++corner) {
+    const int dm = corner & 1, dk = (corner >> 1) & 1, dn = (corner >> 2) & 1;
+    const GemmShape at{kGemmGrid[im + dm], kGemmGrid[ik + dk], kGemmGrid[in + dn], 1};
+    auto it = gemm_seconds.find(at);
+    if (it == gemm_seconds.end()) return gemm_fit.seconds(shape.flops());  // an older file: no grid
+    const double weight = (dm ? tm : 1 - tm) * (dk ? tk : 1 - tk) * (dn ? tn : 1 - tn);
+    log_rate += weight * std::log(at.flops() / it->second);
+  }
+  const GemmShape one{shape.m, shape.k, shape.n, 1};
+  return static_cast<double>(shape.batch) * one.flops() / std::exp(log_rate);
+}
+
+const ComputeCosts& Calibration::costs_for(const std::string& dtype_name) const {
+  if (dtype_name == dtype) return compute;
+  auto it = other_dtypes.find(dtype_name);
+  return it != other_dtypes.end() ? it->second : compute;
+}
+
+json Calibration::to_json() const {
   json reduce = json::object(), gather = json::object(), overhead = json::object();
   for (const auto& [n, c] : all_reduce) reduce[std::to_string(n)] = cost_json(c);
-  for (const auto& [n, s] : layer_overhead_by_tp) overhead[std::to_string(n)] = s;
+  for (const auto& [n, s] : overhead_ratio_by_tp) overhead[std::to_string(n)] = s;
   for (const auto& [n, c] : all_gather) gather[std::to_string(n)] = cost_json(c);
   json after_compute = json::object(), between_layers = json::object();
-  for (const auto& [n, s] : step_collective_extra_s) after_compute[std::to_string(n)] = s;
-  for (const auto& [n, s] : layer_gather_extra_s) between_layers[std::to_string(n)] = s;
-  return {{"format", "autotp-calibration-1"},
-          {"world", world},
-          {"threads_per_rank", threads_per_rank},
-          {"cores", cores},
-          {"model", model},
-          {"device", device},
-          {"dtype", dtype},
-          {"micro_batch", micro_batch},
-          {"seq_len", seq_len},
-          {"memory_bytes", memory_bytes},
-          {"gemm", gemm},
-          {"gemm_fit", cost_json(gemm_fit)},
-          {"gemm_peak_flops", gemm_peak_flops},
-          {"layer_overhead_s", layer_overhead_s},
-          {"layer_overhead_by_tp_s", overhead},
-          {"concurrency_slowdown", concurrency_slowdown},
-          {"step_collective_extra_s", after_compute},
-          {"layer_gather_extra_s", between_layers},
-          {"host_steal_fraction", host_steal_fraction},
-          {"elementwise", {{"forward", cost_json(elementwise_forward)},
-                           {"forward_grad", cost_json(elementwise_forward_grad)},
-                           {"forward_backward", cost_json(elementwise_forward_backward)}}},
-          {"optimizer_step", optimizer_step ? cost_json(*optimizer_step) : json()},
-          {"cpu_adam_bytes_per_core_s", cpu_adam_bytes_per_core_s ? json(*cpu_adam_bytes_per_core_s) : json()},
-          {"all_reduce", reduce},
-          {"all_gather", gather}};
+  for (const auto& [n, s] : step_collective_skew) after_compute[std::to_string(n)] = s;
+  for (const auto& [n, s] : layer_gather_skew) between_layers[std::to_string(n)] = s;
+  json wake = json::object();
+  for (const auto& [n, s] : collective_wake_s) wake[std::to_string(n)] = s;
+  json j = {{"format", "autotp-calibration-1"},
+            {"world", world},
+            {"threads_per_rank", threads_per_rank},
+            {"cores", cores},
+            {"model", model},
+            {"device", device},
+            {"dtype", dtype},
+            {"micro_batch", micro_batch},
+            {"seq_len", seq_len},
+            {"memory_bytes", memory_bytes},
+            {"overhead_ratio", overhead_ratio},
+            {"overhead_ratio_by_tp", overhead},
+            {"concurrency_slowdown", concurrency_slowdown},
+            {"step_collective_skew", after_compute},
+            {"layer_gather_skew", between_layers},
+            {"collective_wake_s", wake},
+            {"host_steal_fraction", host_steal_fraction},
+            {"optimizer_step", optimizer_step ? cost_json(*optimizer_step) : json()},
+            {"cpu_adam_bytes_per_core_s", cpu_adam_bytes_per_core_s ? json(*cpu_adam_bytes_per_core_s) : json()},
+            {"all_reduce", reduce},
+            {"all_gather", gather}};
+  put_compute(j, compute);
+  json others = json::object();
+  for (const auto& [name, costs] : other_dtypes) put_compute(others[name], costs);
+  j["other_dtypes"] = others;
+  return j;
 }
 
 Calibration Calibration::from_json(const json& j, const std::string& source) {
@@ -226,27 +312,22 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
     c.micro_batch = j.value("micro_batch", int64_t{0});
     c.seq_len = j.value("seq_len", int64_t{0});
     c.memory_bytes = j.at("memory_bytes").get<int64_t>();
-    for (const auto& g : j.at("gemm")) {
-      GemmShape s{g.at("m").get<int64_t>(), g.at("k").get<int64_t>(), g.at("n").get<int64_t>(),
-                  g.at("batch").get<int64_t>()};
-      c.gemm_seconds[s] = g.at("seconds").get<double>();
-    }
-    c.gemm_peak_flops = j.at("gemm_peak_flops").get<double>();
-    c.layer_overhead_s = j.value("layer_overhead_s", 0.0);
+    c.overhead_ratio = j.value("overhead_ratio", 0.0);
     c.concurrency_slowdown = j.value("concurrency_slowdown", 1.0);
     c.host_steal_fraction = j.value("host_steal_fraction", 0.0);
   } catch (const json::exception& e) {
     throw_user_error("{}: malformed calibration ({})", source, e.what());
   }
-  c.gemm_fit = cost_from(j.value("gemm_fit", json()), "gemm_fit", source);
-  const json& e = j.value("elementwise", json::object());
-  c.elementwise_forward = cost_from(e.value("forward", json()), "elementwise.forward", source);
-  c.elementwise_forward_grad = cost_from(e.value("forward_grad", json()), "elementwise.forward_grad", source);
-  c.elementwise_forward_backward =
-      cost_from(e.value("forward_backward", json()), "elementwise.forward_backward", source);
-  c.layer_overhead_by_tp = seconds_by_group(j, "layer_overhead_by_tp_s", source);
-  c.step_collective_extra_s = seconds_by_group(j, "step_collective_extra_s", source);
-  c.layer_gather_extra_s = seconds_by_group(j, "layer_gather_extra_s", source);
+  c.compute = compute_from(j, "", source);
+  if (j.contains("other_dtypes") && j["other_dtypes"].is_object())
+    for (const auto& [name, costs] : j["other_dtypes"].items())
+      c.other_dtypes[name] = compute_from(costs, "other_dtypes." + name + ".", source);
+  // Older files' fitted seconds (layer_overhead_s, step_collective_extra_s, ...) are not read.
+  c.overhead_ratio_by_tp = shares_by_group(j, "overhead_ratio_by_tp", source);
+  c.step_collective_skew = shares_by_group(j, "step_collective_skew", source);
+  c.layer_gather_skew = shares_by_group(j, "layer_gather_skew", source);
+  c.collective_wake_s = shares_by_group(j, "collective_wake_s", source);
+  AUTOTP_USER_CHECK(c.overhead_ratio >= 0, "{}: 'overhead_ratio' must be >= 0", source);
   if (j.contains("optimizer_step") && !j["optimizer_step"].is_null()) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
   if (j.contains("cpu_adam_bytes_per_core_s") && !j["cpu_adam_bytes_per_core_s"].is_null()) {
     const json& rate = j["cpu_adam_bytes_per_core_s"];
@@ -256,7 +337,7 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
   }
   c.all_reduce = costs_from(j.value("all_reduce", json::object()), "all_reduce", source);
   c.all_gather = costs_from(j.value("all_gather", json::object()), "all_gather", source);
-  AUTOTP_USER_CHECK(c.world >= 1 && c.gemm_peak_flops > 0, "{}: world and gemm_peak_flops must be positive", source);
+  AUTOTP_USER_CHECK(c.world >= 1, "{}: world must be positive", source);
   AUTOTP_USER_CHECK(c.concurrency_slowdown >= 1, "{}: concurrency_slowdown must be >= 1 (got {})", source,
                     c.concurrency_slowdown);
   return c;
@@ -290,7 +371,6 @@ struct Session {
       : env(dist_env),
         options(calibration_options),
         on(torch::TensorOptions().device(calibration_options.device)),
-        compute(on.dtype(calibration_options.dtype)),
         measures(dist_env.rank == 0) {
     if (env.world_size > 1) {
       store = create_tcp_store(env);
@@ -355,7 +435,6 @@ struct Session {
   const DistEnv env;
   const CalibrationOptions& options;
   const torch::TensorOptions on;       // where the measured tensors live (fp32: collectives, optimizer)
-  const torch::TensorOptions compute;  // the same in the compute dtype (GEMMs, elementwise ops)
   // Compute costs are rank 0's, measured while the other ranks wait in from_rank0's broadcast.
   const bool measures;
   c10::intrusive_ptr<c10d::Store> store;
@@ -393,14 +472,16 @@ std::vector<GemmShape> gemm_shapes(const Session& session, const ModelConfig& co
       for (const auto& [shape, count] : step_gemms(config, rank_shape(config, plan, r), layout))
         shapes.insert(shape);
   }
-  // A few generic shapes so the fit also covers what the model list lacks.
-  for (int64_t n : {64, 256, 512, 1024}) shapes.insert(GemmShape{n, n, n, 1});
+  // The grid every calibration times, whatever the model: other models' shapes are priced from it.
+  for (int64_t m : kGemmGrid)
+    for (int64_t k : kGemmGrid)
+      for (int64_t n : kGemmGrid) shapes.insert(GemmShape{m, k, n, 1});
   return std::vector<GemmShape>(shapes.begin(), shapes.end());
 }
 
-// Rank 0's seconds at each shape (the others wait), and the fit over them.
-void measure_gemms(const Session& session, const ModelConfig& config, Calibration& cal) {
-  const auto& on = session.compute;
+// Rank 0's seconds at each shape in `dtype` (the others wait), and the fit over them.
+void measure_gemms(const Session& session, const ModelConfig& config, torch::ScalarType dtype, ComputeCosts& cal) {
+  const auto on = session.on.dtype(dtype);
   const std::vector<GemmShape> list = gemm_shapes(session, config);
   std::vector<double> gemm_times;
   StealWindow gemm_window;
@@ -423,10 +504,10 @@ void measure_gemms(const Session& session, const ModelConfig& config, Calibratio
   cal.gemm_fit = fit_linear_cost(flops, gemm_times);
 }
 
-// Elementwise ops: forward, forward under autograd, forward + backward.
-void measure_elementwise(const Session& session, Calibration& cal) {
-  const auto& on = session.compute;
-  const double element_size = static_cast<double>(c10::elementSize(session.options.dtype));
+// Elementwise ops in `dtype`: forward, forward under autograd, forward + backward.
+void measure_elementwise(const Session& session, torch::ScalarType dtype, ComputeCosts& cal) {
+  const auto on = session.on.dtype(dtype);
+  const double element_size = static_cast<double>(c10::elementSize(dtype));
   const double seconds_per_point = session.options.seconds_per_point;
   const std::vector<int64_t> sizes = {256, 4096, 65536, 1 << 20};
   std::vector<double> bytes, fwd, fwd_grad, fb;
@@ -542,13 +623,16 @@ struct Tp1Step {
 // Back-to-back all-reduce and all-gather over the tp groups of size g, world / g groups at once.
 void measure_collectives(const Session& session, Topology& topo, int g, Calibration& cal) {
   const auto& on = session.on;
-  const std::vector<int64_t> message = {64, 4096, 65536, 1 << 19, 1 << 22};
+  // Up to 32 MB: a ZeRO unit or a model-sized gradient bucket is past the caches,
+  // where the transports copy at memory speed (extrapolating from 4 MB put a
+  // llama-100m ZeRO-3 step's gathers at an eighth of what they take).
+  const std::vector<int64_t> message = {64, 4096, 65536, 1 << 19, 1 << 22, 1 << 25};
   std::vector<double> x, reduce, gather_bytes, gather;
   StealWindow collectives_window;
   for (int64_t b : message) {
     auto t = torch::ones({std::max<int64_t>(1, b / 4)}, on);
     auto local = torch::ones({std::max<int64_t>(1, b / 4 / g)}, on);
-    const int calls = b >= (1 << 22) ? 5 : b >= (1 << 19) ? 10 : 40;
+    const int calls = b >= (1 << 25) ? 2 : b >= (1 << 22) ? 5 : b >= (1 << 19) ? 10 : 40;
     session.barrier();
     reduce.push_back(time_calls([&] { topo.tp().all_reduce(t); }, calls));
     session.barrier();
@@ -561,6 +645,21 @@ void measure_collectives(const Session& session, Topology& topo, int g, Calibrat
   gather = session.average(scaled(gather, collectives_share));
   cal.all_reduce[g] = fit_linear_cost(x, reduce);
   cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
+}
+
+// A tiny all-reduce over the groups of size g after a short GEMM, against the GEMM
+// alone, every rank at once: what a lock-step collective costs beyond its
+// back-to-back fit when the ranks do something between calls.
+void measure_collective_wake(const Session& session, Topology& topo, int g, Calibration& cal) {
+  auto a = torch::randn({192, 192}, session.on), b = torch::randn({192, 192}, session.on);
+  auto small = torch::ones({16}, session.on);
+  const Extra wake = session.concurrent_extra([&] { torch::mm(a, b); },
+                                              [&] {
+                                                torch::mm(a, b);
+                                                topo.tp().all_reduce(small);
+                                              },
+                                              100);
+  cal.collective_wake_s[g] = std::max(0.0, wake.extra_s - cal.all_reduce[g].seconds(64));
 }
 
 // A forward + backward whose dp group is `group` (g ranks), with the ZeRO-3 cut
@@ -593,7 +692,7 @@ Extra measure_step_collective_extra(const Session& session, const GroupStep& gs,
       gs.round_calls);
   const double back_to_back =
       cal.all_reduce[g].seconds(4.0 * padded) + cal.all_gather[g].seconds(4.0 * padded);
-  cal.step_collective_extra_s[g] = std::max(0.0, (dp.extra_s - back_to_back) / 2);
+  cal.step_collective_skew[g] = std::max(0.0, (dp.extra_s - back_to_back) / 2) / dp.base_s;
   return dp;
 }
 
@@ -636,8 +735,7 @@ void measure_layer_gather_extra(const Session& session, const ModelConfig& confi
       gs.round_calls);
   lm.set_use_hooks({});
   lm.set_activation_checkpointing({});
-  cal.layer_gather_extra_s[g] =
-      std::max(0.0, (layers.extra_s - layer_back_to_back) / (2.0 * config.num_layers));
+  cal.layer_gather_skew[g] = std::max(0.0, layers.extra_s - layer_back_to_back) / layers.base_s;
 }
 
 // The same collectives inside a step: every rank runs the model's forward +
@@ -698,6 +796,7 @@ std::map<int, double> measure_group_sizes(const Session& session, const ModelCon
     auto topo = Topology::create_with_store(prefix_store("calibration_g" + std::to_string(g), session.store),
                                             env.rank, env.world_size, topo_options);
     measure_collectives(session, *topo, g, cal);
+    measure_collective_wake(session, *topo, g, cal);
     measure_collectives_in_step(session, config, *topo, g, tp1, concurrent_calls, cal);
     if (g <= config.num_heads) tp_step_s[g] = measure_tp_step(session, config, *topo, g, concurrent_calls);
   }
@@ -705,28 +804,31 @@ std::map<int, double> measure_group_sizes(const Session& session, const ModelCon
   return tp_step_s;
 }
 
-// The framework overhead per layer: rank 0's step alone beyond what the GEMM and
-// elementwise costs predict.
-double fit_layer_overhead(const Session& session, const ModelConfig& config, const RankShape& shape1,
+// The framework overhead: rank 0's step alone over what the GEMM and elementwise
+// costs predict, minus 1.
+double fit_overhead_ratio(const Session& session, const ModelConfig& config, const RankShape& shape1,
                           const Calibration& cal, double alone_step_s) {
+  Calibration without = cal;
+  without.overhead_ratio = 0;
+  without.overhead_ratio_by_tp.clear();
   SimLayout layout;
   layout.gpus = 1;  // rank 0 alone: no slowdown
   layout.micro_batch = session.options.micro_batch;
   layout.seq_len = session.options.seq_len;
   layout.dtype = session.options.dtype;
-  auto t = estimate_time(config, shape1, layout, cpu_local_cluster(cal, "calibration"));
-  return std::max(0.0, (alone_step_s - t.gemm_s - t.elementwise_s) / config.num_layers);
+  auto t = estimate_time(config, shape1, layout, cpu_local_cluster(without, "calibration"));
+  return std::max(0.0, alone_step_s / (t.gemm_s + t.elementwise_s) - 1);
 }
 
-// What a layer costs at tp g beyond the GEMM, elementwise and lock-step collective
+// What the step costs at tp g beyond the GEMM, elementwise and lock-step collective
 // costs (the tp autograd functions, waiting for the partner at each collective),
-// over the concurrency slowdown.
-void fit_layer_overhead_by_tp(const Session& session, const ModelConfig& config,
+// over the concurrency slowdown, as a share of the GEMM and elementwise costs.
+void fit_overhead_ratio_by_tp(const Session& session, const ModelConfig& config,
                               const std::map<int, double>& tp_step_s, Calibration& cal) {
   for (const auto& [g, seconds] : tp_step_s) {
     Calibration without = cal;
-    without.layer_overhead_s = 0;
-    without.layer_overhead_by_tp.clear();
+    without.overhead_ratio = 0;
+    without.overhead_ratio_by_tp.clear();
     auto cluster = cpu_local_cluster(without, "calibration");
     SimLayout layout;
     layout.gpus = session.env.world_size;
@@ -737,13 +839,15 @@ void fit_layer_overhead_by_tp(const Session& session, const ModelConfig& config,
     // The slowest tp rank, as the simulator takes it (its tp_comm_s also holds the
     // per-step hash check and shared-slice reductions, a few small all-reduces).
     const TpPlan plan = build_plan(config, g);
-    double predicted = 0;
+    double predicted = 0, compute = 0;
     for (int r = 0; r < g; ++r) {
       auto t = estimate_time(config, rank_shape(config, plan, r), layout, cluster);
-      predicted = std::max(predicted, t.gemm_s + t.elementwise_s + t.tp_comm_s);
+      if (t.gemm_s + t.elementwise_s + t.tp_comm_s > predicted) {
+        predicted = t.gemm_s + t.elementwise_s + t.tp_comm_s;
+        compute = t.gemm_s + t.elementwise_s;
+      }
     }
-    cal.layer_overhead_by_tp[g] =
-        std::max(0.0, (seconds - predicted) / cal.slowdown(session.env.world_size) / config.num_layers);
+    cal.overhead_ratio_by_tp[g] = std::max(0.0, (seconds - predicted) / compute);
   }
 }
 
@@ -758,8 +862,12 @@ Calibration run_calibration(const CalibrationOptions& options) {
   const HostCpuTimes cpu_at_start = host_cpu_times();
   const auto model = resolve_sim_model(options.model);
   const ModelConfig& config = model.config;
-  measure_gemms(session, config, cal);
-  measure_elementwise(session, cal);
+  measure_gemms(session, config, options.dtype, cal.compute);
+  measure_elementwise(session, options.dtype, cal.compute);
+  // The other compute dtype by the same micro-benchmarks: one calibration times layouts in either.
+  const torch::ScalarType other = options.dtype == torch::kFloat32 ? torch::kBFloat16 : torch::kFloat32;
+  measure_gemms(session, config, other, cal.other_dtypes[dtype_label(other)]);
+  measure_elementwise(session, other, cal.other_dtypes[dtype_label(other)]);
   measure_optimizer_step(session, config, cal);
   measure_cpu_adam(session, cal);
 
@@ -776,8 +884,8 @@ Calibration run_calibration(const CalibrationOptions& options) {
 
   const double alone_step_s = mean(tp1.alone_samples);
   if (session.world) cal.concurrency_slowdown = std::max(1.0, mean(tp1.concurrent_samples) / alone_step_s);
-  cal.layer_overhead_s = fit_layer_overhead(session, config, tp1.shape, cal, alone_step_s);
-  fit_layer_overhead_by_tp(session, config, tp_step_s, cal);
+  cal.overhead_ratio = fit_overhead_ratio(session, config, tp1.shape, cal, alone_step_s);
+  fit_overhead_ratio_by_tp(session, config, tp_step_s, cal);
   cal.host_steal_fraction = steal_fraction(cpu_at_start, host_cpu_times());
   return cal;
 }

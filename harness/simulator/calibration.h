@@ -56,6 +56,25 @@ struct LinearCost {
   double seconds(double amount) const { return latency_s + amount / rate; }
 };
 
+// A regular grid of GEMM shapes (m, k, n each one of these, batch 1) timed in
+// every calibration, whatever the model: a shape the calibration did not time is
+// priced at the FLOP rate interpolated over it (log-linear in each dimension),
+// so that a model it never saw gets its GEMMs' measured efficiency, not a fit.
+inline constexpr int64_t kGemmGrid[] = {16, 64, 256, 1024, 2048};
+
+// Compute costs in one dtype, measured by micro-benchmarks on this machine.
+struct ComputeCosts {
+  std::map<GemmShape, double> gemm_seconds;  // measured shapes (the grid, the calibration model's step shapes)
+  LinearCost gemm_fit;                       // over every measured shape (older files: other shapes)
+  double gemm_peak_flops = 0;                // best measured FLOP/s (the "peak" for MFU)
+  LinearCost elementwise_forward;            // no autograd
+  LinearCost elementwise_forward_grad;       // forward while autograd records
+  LinearCost elementwise_forward_backward;   // forward and backward of one op
+  // Seconds of one GEMM: measured, else at the grid's interpolated rate (a batch
+  // of b runs as b GEMMs), else (older files without the grid) the fit.
+  double gemm(const GemmShape& shape) const;
+};
+
 struct Calibration {
   int world = 1;               // ranks that ran at once
   int threads_per_rank = 1;
@@ -68,44 +87,65 @@ struct Calibration {
   // calibration of its own dtype (the simulator notes a mismatch).
   std::string dtype = "fp32";
   int64_t micro_batch = 0, seq_len = 0;
-  std::map<GemmShape, double> gemm_seconds;  // measured shapes
-  LinearCost gemm_fit;                       // over every measured shape (other shapes)
-  double gemm_peak_flops = 0;                // best measured FLOP/s (the "peak" for MFU)
-  LinearCost elementwise_forward;            // no autograd
-  LinearCost elementwise_forward_grad;       // forward while autograd records
-  LinearCost elementwise_forward_backward;   // forward and backward of one op
+  ComputeCosts compute;  // in `dtype`
+  // The same micro-benchmarks in the other compute dtype (a calibration in fp32
+  // also times bf16 and the other way round): a layout in that dtype is timed with
+  // them. Optional key "other_dtypes" (older files: none).
+  std::map<std::string, ComputeCosts> other_dtypes;
+  // The compute costs of a layout in `dtype_name`: its own where measured, else the calibration dtype's.
+  const ComputeCosts& costs_for(const std::string& dtype_name) const;
+  bool has_costs_for(const std::string& dtype_name) const {
+    return dtype_name == dtype || other_dtypes.count(dtype_name) > 0;
+  }
   std::optional<LinearCost> optimizer_step;  // norm + clip + AdamW; amount = partition elements (absent in older files)
   // ZeRO-Offload's host optimizer: FlatOptimizer::step (at::_fused_adamw_) on fp32
   // CPU tensors, bytes per second per thread (28 bytes per element: parameter and
   // both moments read and written, the gradient read). Absent in older files.
   std::optional<double> cpu_adam_bytes_per_core_s;
-  // Seconds per decoder layer per micro-batch (forward + backward) that one rank's
-  // real forward + backward of `model` at tp 1 took beyond what the GEMM and
-  // elementwise costs predict: dispatcher, autograd and allocator overhead of the
-  // layer's ops (the tiny models are bound by it, not by FLOPs or bytes).
-  double layer_overhead_s = 0;
+  // Framework overhead as a share of the compute the micro-benchmarks predict: the
+  // calibration model's real forward + backward at tp 1 (rank 0 alone) over the sum
+  // of its GEMM and elementwise costs, minus 1 (dispatcher, autograd, allocator,
+  // cold caches). A ratio, not seconds, so that it carries to models of other sizes.
+  double overhead_ratio = 0;
   // The same at tp sizes > 1 (by tp): the model's forward + backward with every tp
-  // group at once, beyond the GEMM, elementwise and lock-step collective costs,
-  // over the concurrency slowdown. Used in place of layer_overhead_s at that tp.
-  std::map<int, double> layer_overhead_by_tp;
+  // group at once, over the concurrency slowdown, beyond the GEMM, elementwise and
+  // lock-step tp collective costs, as a share of the GEMM and elementwise costs.
+  // Used in place of overhead_ratio at that tp.
+  std::map<int, double> overhead_ratio_by_tp;
   // The model's forward + backward with all `world` ranks at once over rank 0 alone
   // (>= 1): on a machine with fewer cores than ranks x threads they share the cores.
   double concurrency_slowdown = 1;
-  // Seconds a collective over a group of that size costs inside a step beyond the
-  // back-to-back fits below, with every rank computing around it (by group size):
-  // the gradient all-reduce and parameter all-gather after a forward + backward
-  // (each), and a ZeRO-3 layer gather between decoder layers (every layer
-  // recomputed). Ranks that time-share cores arrive apart and wake late.
-  std::map<int, double> step_collective_extra_s;
-  std::map<int, double> layer_gather_extra_s;
+  // Collectives inside a step of ranks that time-share the cores (by group size):
+  // they arrive apart in proportion to the compute they ran since they last met,
+  // so each waits a share of that compute beyond the collective's back-to-back
+  // cost. `step_collective_skew`: per gradient all-reduce and parameter all-gather
+  // after the forward + backward, the share of that forward + backward;
+  // `layer_gather_skew`: all ZeRO-3 layer gathers of a step together, the share of
+  // its forward + backward. Applied in proportion to how much a layout
+  // oversubscribes the cores (none where every rank has its cores).
+  std::map<int, double> step_collective_skew;
+  std::map<int, double> layer_gather_skew;
+  // Seconds one lock-step collective over a group of that size costs beyond its
+  // back-to-back fit when every rank computes briefly (a 192^3 GEMM) between calls,
+  // all groups at once: the wait for a partner that time-sharing had descheduled.
+  // Per collective of a step, scaled like the skew (by skew_share).
+  std::map<int, double> collective_wake_s;
   double host_steal_fraction = 0;  // what the host took while calibrating (the times are without it)
   std::map<int, LinearCost> all_reduce;      // by group size
   std::map<int, LinearCost> all_gather;      // by group size; amount = gathered bytes
   int64_t memory_bytes = 0;                  // MemTotal of the machine
 
   // Compute slowdown with `ranks` ranks at once: 1 for one rank, the measured
-  // factor for `world`, linear in the number of ranks between and beyond.
+  // factor for `world`. It is the cores' sharing (oversubscription, below: arithmetic)
+  // times what the calibration measured beyond it (concurrency_slowdown over the
+  // world's oversubscription: memory bandwidth and caches shared), the latter
+  // linear in the number of ranks.
   double slowdown(int ranks) const;
+  // Ranks x threads over cores, at least 1: how much `ranks` ranks time-share the cores.
+  double oversubscription(int ranks) const;
+  // How much of the measured skew a layout of `ranks` ranks has: 0 where it does not
+  // oversubscribe the cores, 1 at the calibration's oversubscription, linear.
+  double skew_share(int ranks) const;
 
   nlohmann::json to_json() const;
   static Calibration from_json(const nlohmann::json& j, const std::string& source);

@@ -42,6 +42,10 @@ ClusterSpec gpu_node(std::string name, std::string description, std::string sour
   c.peak_flops_16bit = bf16;
   c.peak_flops_32bit = fp32;
   c.gemm_efficiency = 0.7;
+  c.assumptions = fmt::format(
+      "assumed, not measured on this cluster: GEMMs at {:.0f}% of peak, collectives at {:.0f}% of the link's "
+      "bandwidth (step times scale with them)",
+      100 * c.gemm_efficiency, 100 * kLinkEfficiency);
   c.memory_bytes_per_s = hbm;
   c.kernel_latency_s = 5e-6;
   c.intra_node = {10e-6, kLinkEfficiency * nvlink_unidirectional};
@@ -108,10 +112,11 @@ ClusterSpec cpu_local_cluster(Calibration cal, const std::string& file) {
   c.gpus_per_node = cal.world;
   c.memory_bytes = cal.memory_bytes / std::max(1, cal.world);
   c.reserved_bytes = 0;
-  c.peak_flops_16bit = c.peak_flops_32bit = cal.gemm_peak_flops;
+  c.peak_flops_32bit = cal.costs_for("fp32").gemm_peak_flops;
+  c.peak_flops_16bit = cal.costs_for("bf16").gemm_peak_flops;
   c.gemm_efficiency = 1;
-  c.memory_bytes_per_s = cal.elementwise_forward.rate;
-  c.kernel_latency_s = cal.elementwise_forward.latency_s;
+  c.memory_bytes_per_s = cal.compute.elementwise_forward.rate;
+  c.kernel_latency_s = cal.compute.elementwise_forward.latency_s;
   // The engine's CPU transports run a real reduce-scatter (each rank sums only its
   // slice, 16-bit values travel as they are); an all-reduce of 16-bit tensors is
   // summed in fp32 and so moves 4 bytes an element (comm.cpp). NCCL reduces them natively.
@@ -119,7 +124,7 @@ ClusterSpec cpu_local_cluster(Calibration cal, const std::string& file) {
   c.reduce_16bit_as_fp32 = cal.device != "cuda";
   // ZeRO-Offload on a CPU device: "host" and "device" are the same memory, a copy
   // runs at the elementwise rate, the optimizer on each rank's own threads.
-  c.host_link_bytes_per_s = cal.elementwise_forward.rate;
+  c.host_link_bytes_per_s = cal.compute.elementwise_forward.rate;
   c.host_cores = cal.threads_per_rank * std::max(1, cal.world);
   c.host_memory_bytes = cal.memory_bytes;
   c.host_memory_bytes_per_s = 0;

@@ -22,6 +22,9 @@ struct ClusterSpec {
   std::string name;
   std::string description;
   std::string sources;            // where the figures come from
+  // What the time model assumes rather than measures on this cluster (GPU clusters:
+  // the GEMM efficiency and the links' share of their bandwidth); empty for cpu-local.
+  std::string assumptions;
   int gpus_per_node = 8;
   int64_t memory_bytes = 0;       // per GPU (per rank on cpu-local)
   int64_t reserved_bytes = 0;     // per GPU, not available to tensors (CUDA context, NCCL, allocator slack)

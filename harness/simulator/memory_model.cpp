@@ -82,8 +82,9 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // RMSNorm (rms_norm.h) keeps its input and the fp32 reciprocal RMS of each
     // row; the linears after it keep its output.
     const int64_t norm = 2 * a * BtH + 4 * Bt;
+    const int64_t mlp_kept = 4;
     p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
-                   attention_saved + 4 * a * BT * I /*gate, silu(gate), up, their product*/;
+                   attention_saved + mlp_kept * a * BT * I /*gate, silu(gate), up, their product*/;
     // Gemma: the post-attention and post-feed-forward norms keep their input and
     // reciprocal RMS too (their output goes into the residual add), and every
     // (1 + w) norm is plain autograd ops (rms_norm_plus_one) that also keep the fp32
@@ -109,10 +110,18 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // whole block input (gathered under sequence parallelism) and keeps fp32
     // probabilities; each chosen expert copies its tokens in and its output is
     // kept by the routing weight's product; the shared expert's by its gate's.
+    // Dense layers of a mixture (mlp_only_layers, decoder_sparse_step) keep their
+    // dense MLP's terms instead: per_layer is the mean over the layers.
     if (c.num_experts > 0) {
       const int64_t k = c.experts_per_token;
-      p.recomputed += a * BTH + 4 * BT * c.num_experts + 2 * k * a * BTH +
-                      (c.shared_expert_intermediate_size > 0 ? 2 * a * BTH : 0);
+      const int64_t sparse_mlp = mlp_kept * a * BT * I + a * BTH + 4 * BT * c.num_experts + 2 * k * a * BTH +
+                                 (c.shared_expert_intermediate_size > 0 ? 2 * a * BTH : 0);
+      const int64_t dense_mlp = mlp_kept * a * BT * ((c.intermediate_size + l.tp - 1) / l.tp);
+      int64_t sparse_layers = 0;
+      for (int64_t layer = 0; layer < c.num_layers; ++layer) sparse_layers += c.is_sparse(layer) ? 1 : 0;
+      const int64_t rest = p.recomputed - mlp_kept * a * BT * I;
+      p.recomputed = rest + (sparse_layers * sparse_mlp + (c.num_layers - sparse_layers) * dense_mlp) /
+                                std::max<int64_t>(1, c.num_layers);
     }
     p.per_layer = p.recomputed;
     // Token ids, rotary cos / sin, final norm.
@@ -276,7 +285,10 @@ OptimizerMoments optimizer_moments(const SimLayout& layout, int64_t part, const 
   const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
   const bool mixed = layout.dtype != torch::kFloat32;
   const bool overlap = layout.overlap_comm && dp > 1;
-  const int64_t norm_temporaries = 8 * std::min(part, grad_norm_chunk(layout.cuda));
+  // The gradient norm's fp64 copy of each chunk (grad_norm.h); on the CPU fp32 and
+  // bf16 gradients are squared in fp64 in a loop without copies.
+  const bool norm_copies = layout.cuda || layout.dtype == torch::kFloat16;
+  const int64_t norm_temporaries = norm_copies ? 8 * std::min(part, grad_norm_chunk(layout.cuda)) : 0;
   // The update's fp32 upcast runs on the host with offload_optimizer.
   const int64_t update_temporaries =
       mixed && !layout.offloads_optimizer() ? 4 * std::min(part, kUpdateChunk) : 0;

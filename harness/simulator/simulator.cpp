@@ -105,10 +105,11 @@ SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const
   r.tokens_per_s = tokens / r.time.step_s;
   const double peak = cluster.peak_flops(layout.dtype != torch::kFloat32) * layout.gpus;
   r.mfu = r.time.model_flops / r.time.step_s / peak;
+  if (!cluster.assumptions.empty()) r.notes.push_back(cluster.assumptions);
   if (cluster.calibration && cluster.calibration->world != layout.gpus)
     r.notes.push_back(fmt::format("cpu-local was calibrated with {} ranks, this layout has {}: contention differs",
                                   cluster.calibration->world, layout.gpus));
-  if (cluster.calibration && cluster.calibration->dtype != dtype_label(layout.dtype))
+  if (cluster.calibration && !cluster.calibration->has_costs_for(dtype_label(layout.dtype)))
     r.notes.push_back(fmt::format("cpu-local was calibrated in {}, this layout computes in {}: its compute times are "
                                   "the {} ones (calibrate with --dtype {})",
                                   cluster.calibration->dtype, dtype_label(layout.dtype), cluster.calibration->dtype,

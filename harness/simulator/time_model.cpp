@@ -48,13 +48,15 @@ struct Elementwise {
   }
 };
 
-Elementwise elementwise_costs(const ClusterSpec& c, int64_t element_size) {
+Elementwise elementwise_costs(const ClusterSpec& c, torch::ScalarType dtype) {
+  const int64_t element_size = static_cast<int64_t>(c10::elementSize(dtype));
   Elementwise e;
   e.element_size = element_size;
   if (c.calibration) {
-    e.forward = c.calibration->elementwise_forward;
-    e.forward_grad = c.calibration->elementwise_forward_grad;
-    e.forward_backward = c.calibration->elementwise_forward_backward;
+    const ComputeCosts& costs = c.calibration->costs_for(dtype_label(dtype));
+    e.forward = costs.elementwise_forward;
+    e.forward_grad = costs.elementwise_forward_grad;
+    e.forward_backward = costs.elementwise_forward_backward;
   } else {
     // One kernel reads and writes its tensors once at HBM speed; the backward of
     // an elementwise op is about two more such kernels.
@@ -71,7 +73,7 @@ struct LayerOps {
   double views = 0;
 };
 
-LayerOps layer_ops(const RankShape& s, int64_t B, int64_t T) {
+LayerOps layer_ops(const ModelConfig& c, const RankShape& s, int64_t B, int64_t T) {
   const double BT = static_cast<double>(B * T), BTH = BT * s.hidden;
   const double Q = BT * s.local_heads * s.head_dim, K = BT * s.local_kv_heads * s.head_dim;
   const double S = static_cast<double>(B) * s.local_heads * T * T, I = BT * s.local_intermediate;
@@ -87,6 +89,20 @@ LayerOps layer_ops(const RankShape& s, int64_t B, int64_t T) {
              {3, S} /*scale, mask, softmax*/, {1, Q} /*attention output copy*/,
              {4, BTH} /*row reduce copies, residuals*/, {2, I} /*silu, product*/};
     l.views = 14;
+  }
+  if (c.num_experts > 0) {
+    // A sparse block (CausalLM::moe_block) dispatches more ops than the dense MLP
+    // above counts (whose activation and product cover the experts' volume): the
+    // router's softmax, top-k, normalisation, cast and counts, then per expert its
+    // token selection (== e, nonzero), the token and slot selects, the gather of its
+    // tokens, the weighting and the index_add back, and its own activation and product.
+    const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
+    const double rows = BT * k / E;  // an expert's share of the tokens
+    l.ops.push_back({6, BT * E});
+    l.ops.push_back({2 * E, BT * k});
+    l.ops.push_back({3 * E, rows});
+    l.ops.push_back({3 * E, rows * s.hidden});
+    l.ops.push_back({2 * (E - 1), 0});
   }
   return l;
 }
@@ -120,7 +136,7 @@ double zero3_gather_elements(const FlatRange& r, int64_t /*padded*/, int dp) {
 nlohmann::json TimeEstimate::to_json() const {
   return {{"compute_s", compute_s},     {"tp_comm_s", tp_comm_s},           {"zero_comm_s", zero_comm_s},
           {"overlap_s", overlap_s},     {"step_s", step_s},                 {"gemm_s", gemm_s},
-          {"elementwise_s", elementwise_s}, {"optimizer_s", optimizer_s},   {"tp_collectives", tp_collectives},
+          {"elementwise_s", elementwise_s}, {"overhead_s", overhead_s}, {"optimizer_s", optimizer_s},   {"tp_collectives", tp_collectives},
           {"zero_collectives", zero_collectives},
           {"offload", {{"pcie_d2h_bytes", pcie_d2h_bytes},
                        {"pcie_h2d_bytes", pcie_h2d_bytes},
@@ -147,12 +163,9 @@ double collective_seconds(const ClusterSpec& c, CollectiveOp op, double bytes, i
   return link.latency_s + factor(op, group) * bytes / link.bus_bytes_per_s;
 }
 
-double gemm_seconds(const ClusterSpec& c, const GemmShape& shape, bool sixteen_bit) {
-  if (c.calibration) {
-    auto it = c.calibration->gemm_seconds.find(shape);
-    if (it != c.calibration->gemm_seconds.end()) return it->second;
-    return c.calibration->gemm_fit.seconds(shape.flops());
-  }
+double gemm_seconds(const ClusterSpec& c, const GemmShape& shape, torch::ScalarType dtype) {
+  const bool sixteen_bit = dtype != torch::kFloat32;
+  if (c.calibration) return c.calibration->costs_for(dtype_label(dtype)).gemm(shape);
   return c.kernel_latency_s + shape.flops() / (c.peak_flops(sixteen_bit) * c.gemm_efficiency);
 }
 
@@ -186,10 +199,9 @@ int64_t element_bytes(const SimLayout& l) { return static_cast<int64_t>(c10::ele
 // The step's GEMMs: gemm_s and executed_flops, before the cpu-local slowdown.
 void add_gemms(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
                const ClusterSpec& c) {
-  const bool sixteen = l.dtype != torch::kFloat32;
   const double gas = static_cast<double>(l.gas);
   for (const auto& [shape, count] : step_gemms(config, s, l)) {
-    t.gemm_s += count * gas * gemm_seconds(c, shape, sixteen);
+    t.gemm_s += count * gas * gemm_seconds(c, shape, l.dtype);
     t.executed_flops += count * gas * shape.flops();
   }
 }
@@ -197,12 +209,12 @@ void add_gemms(TimeEstimate& t, const ModelConfig& config, const RankShape& s, c
 // Elementwise work per micro-batch: layers (forward + backward, + a recomputed forward),
 // embedding, final norm, cross-entropy, gradient accumulation into the flat buffer.
 double micro_batch_elementwise_s(const ModelConfig& config, const RankShape& s, const SimLayout& l,
-                                 const ClusterSpec& c, const Elementwise& e) {
+                                 const Elementwise& e) {
   const bool sixteen = l.dtype != torch::kFloat32;
   const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T;
   const double BTH = static_cast<double>(BT) * s.hidden, BTV = static_cast<double>(BT) * s.local_vocab;
   const double L = static_cast<double>(config.num_layers);
-  const LayerOps ops = layer_ops(s, B, T);
+  const LayerOps ops = layer_ops(config, s, B, T);
   double micro = L * sum_ops(ops, e, true);
   if (l.recompute()) micro += L * sum_ops(ops, e, false);
   micro += e.fb(BTH, s.vocab_split ? 3 : 1) + e.fb(BTH, s.gpt2 ? 2 : 4);  // embedding (+ masks), final norm
@@ -210,13 +222,6 @@ double micro_batch_elementwise_s(const ModelConfig& config, const RankShape& s, 
   micro += e.fwd(static_cast<double>(s.trained_numel), 1) + s.tensors * e.forward.latency_s;  // grad accumulation
   if (sixteen && s.trained_numel == s.local_numel)
     micro += e.fwd(static_cast<double>(s.local_numel), 2);  // fp32 accumulator add + zero (LoRA: fp32 already)
-  // Measured dispatch / autograd overhead of each layer's ops (cpu-local), a third more when recomputed.
-  if (c.calibration) {
-    auto at_tp = c.calibration->layer_overhead_by_tp.find(l.tp);
-    const double overhead =
-        at_tp != c.calibration->layer_overhead_by_tp.end() ? at_tp->second : c.calibration->layer_overhead_s;
-    micro += L * overhead * (l.recompute() ? 4.0 / 3 : 1.0);
-  }
   return micro;
 }
 
@@ -246,17 +251,24 @@ double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSp
 // Compute: GEMMs, elementwise work and the optimizer step (compute_s and its parts).
 void add_compute(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
                  const ClusterSpec& c) {
-  const Elementwise e = elementwise_costs(c, element_bytes(l));
+  const Elementwise e = elementwise_costs(c, l.dtype);
   add_gemms(t, config, s, l, c);
-  t.elementwise_s = static_cast<double>(l.gas) * micro_batch_elementwise_s(config, s, l, c, e);
+  t.elementwise_s = static_cast<double>(l.gas) * micro_batch_elementwise_s(config, s, l, e);
   t.optimizer_s = optimizer_seconds(s, l, c, e);
-  if (c.calibration) {  // cpu-local: the ranks share the machine's cores
+  if (c.calibration) {
+    // cpu-local: the framework's overhead, a measured share of the forward + backward's costs
+    auto at_tp = c.calibration->overhead_ratio_by_tp.find(l.tp);
+    const double ratio =
+        at_tp != c.calibration->overhead_ratio_by_tp.end() ? at_tp->second : c.calibration->overhead_ratio;
+    t.overhead_s = ratio * (t.gemm_s + t.elementwise_s);
+    // and the ranks share the machine's cores
     const double slowdown = c.calibration->slowdown(l.gpus);
     t.gemm_s *= slowdown;
     t.elementwise_s *= slowdown;
+    t.overhead_s *= slowdown;
     t.optimizer_s *= slowdown;
   }
-  t.compute_s = t.gemm_s + t.elementwise_s + t.optimizer_s;
+  t.compute_s = t.gemm_s + t.elementwise_s + t.overhead_s + t.optimizer_s;
 }
 
 // Tensor-parallel communication: the engine's own list of the step's tp
@@ -292,6 +304,10 @@ void add_tp_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   }
   t.tp_comm_s = static_cast<double>(l.gas) * micro_batch_s + step_s;
   t.tp_collectives = l.gas * micro_batch_calls + step_calls;
+  // cpu-local: each lock-step collective waits for a partner that time-sharing descheduled.
+  if (c.calibration)
+    t.tp_comm_s += static_cast<double>(t.tp_collectives) * c.calibration->skew_share(l.gpus) *
+                   at_group(c.calibration->collective_wake_s, tp);
 }
 
 // ZeRO collective seconds by the compute they run beside: what overlap_comm can hide.
@@ -324,10 +340,14 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
   if (dp > 1) {
     double zero = 2 * collective_seconds(c, CollectiveOp::kAllReduce, 16, dp, dp_scope);  // tokens, loss
     int64_t calls = 2;
-    // cpu-local: what a collective costs inside a step beyond its back-to-back cost
-    // (ranks time-sharing cores arrive apart and wake late), measured per group size.
-    const double after_compute = c.calibration ? at_group(c.calibration->step_collective_extra_s, dp) : 0;
-    const double between_layers = c.calibration ? at_group(c.calibration->layer_gather_extra_s, dp) : 0;
+    // cpu-local: what collectives cost inside a step beyond their back-to-back cost
+    // when ranks time-share the cores (they arrive apart, in proportion to the
+    // compute since they last met): measured shares of the forward + backward.
+    const double forward_backward = t.gemm_s + t.elementwise_s + t.overhead_s;
+    const double skew = c.calibration ? c.calibration->skew_share(l.gpus) * forward_backward : 0;
+    const double after_compute = c.calibration ? skew * at_group(c.calibration->step_collective_skew, dp) : 0;
+    const double layer_gathers = c.calibration ? skew * at_group(c.calibration->layer_gather_skew, dp) : 0;
+    bool gathers_layers = false;
     // The collectives of what trains (LoRA: the fp32 adapters); stage 3 also gathers the frozen base.
     const TpPlan plan = layout_plan(config, l);
     const ZeroUnits ids{config.num_layers};
@@ -360,7 +380,8 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
                                : 1.0;
       const double seconds =
           z.calls * collective_seconds(c, op, widen * static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
-      zero += seconds + z.calls * (z.layer_gather ? between_layers : 0);
+      zero += seconds;
+      gathers_layers = gathers_layers || z.layer_gather;
       if (z.behind == ZeroCollective::Behind::kForward) hide.behind_forward += seconds;
       if (z.behind == ZeroCollective::Behind::kBackward) hide.behind_backward += seconds;
       if (z.behind == ZeroCollective::Behind::kUpdate) hide.behind_update += seconds;
@@ -368,11 +389,17 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
       calls += z.calls;
     }
     zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
+    if (gathers_layers) zero += layer_gathers;
+    if (c.calibration)  // each lock-step collective's wait for a descheduled partner
+      zero += static_cast<double>(calls) * c.calibration->skew_share(l.gpus) *
+              at_group(c.calibration->collective_wake_s, dp);
     t.zero_comm_s = zero;
     t.zero_collectives = calls;
   }
   if (l.gpus > 1) {  // the global gradient norm over the world
     t.zero_comm_s += collective_seconds(c, CollectiveOp::kAllReduce, 8, l.gpus, world_scope);
+    if (c.calibration)
+      t.zero_comm_s += c.calibration->skew_share(l.gpus) * at_group(c.calibration->collective_wake_s, l.gpus);
     t.zero_collectives += 1;
   }
   return hide;

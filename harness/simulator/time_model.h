@@ -29,7 +29,8 @@ enum class GroupScope { kIntraNode, kInterNode };
 // One collective of `bytes` (all-reduce: the buffer; all-gather: the gathered
 // output; reduce-scatter: the full input) over `group` ranks.
 double collective_seconds(const ClusterSpec& cluster, CollectiveOp op, double bytes, int group, GroupScope scope);
-double gemm_seconds(const ClusterSpec& cluster, const GemmShape& shape, bool sixteen_bit);
+// cpu-local: the calibration's costs in `dtype` (measured, else the grid's rate); GPUs: peak x efficiency.
+double gemm_seconds(const ClusterSpec& cluster, const GemmShape& shape, torch::ScalarType dtype);
 
 struct TimeEstimate {
   double compute_s = 0;
@@ -39,6 +40,7 @@ struct TimeEstimate {
   double step_s = 0;
   double gemm_s = 0;         // part of compute_s
   double elementwise_s = 0;  // part of compute_s
+  double overhead_s = 0;     // part of compute_s: cpu-local's measured framework overhead (a share of the above)
   double optimizer_s = 0;    // part of compute_s
   int64_t tp_collectives = 0, zero_collectives = 0;  // per step
   // ZeRO-Offload (docs/simulator.md): PCIe bytes per step of this rank, the

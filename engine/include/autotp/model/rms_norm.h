@@ -3,19 +3,13 @@
 // input and the fp32 reciprocal RMS of each row (recomputing the normalised
 // value), where autograd on the plain ops keeps the fp32 input and both
 // normalised values (8 bytes per element in bf16 instead of 2). Its gradients
-// are autograd's own formulas in autograd's order. On CPU (fp32, bf16) the forward
-// and the backward are one pass per row each (hand-written loops; LibTorch runs
-// seven ops forward and ten backward); each row's sums run in fp32 in another order
-// than LibTorch's reductions, so results agree with rms_norm_reference to a few ulp.
+// are autograd's own formulas in autograd's order.
 #pragma once
 #include <torch/torch.h>
 
 namespace autotp {
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-
-// The same with plain autograd ops (the parity tests' reference).
-torch::Tensor rms_norm_reference(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 // Gemma's RMSNorm: normalise and scale by (1 + weight), both in fp32, then cast to
 // the input dtype (HF's Gemma2RMSNorm / Gemma3RMSNorm). Plain autograd ops.
