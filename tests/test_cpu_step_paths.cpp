@@ -85,6 +85,14 @@ TEST(SumOfSquares, CpuLoopMatchesFp64Reference) {
     auto bf16 = values.to(torch::kBFloat16);
     const double expected16 = bf16.to(torch::kFloat64).pow(2).sum().item<double>();
     EXPECT_NEAR(sum_of_squares(bf16).item<double>(), expected16, 1e-12 * std::max(expected16, 1.0)) << n;
+    // The chunks' sums are added in order: the same bits at any thread count.
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    const double one = sum_of_squares(values).item<double>();
+    at::set_num_threads(2);
+    const double two = sum_of_squares(values).item<double>();
+    at::set_num_threads(threads);
+    EXPECT_EQ(one, two) << n;
   }
 }
 

@@ -564,7 +564,9 @@ TEST(SimulatorMemory, PeakComponentsAreOneMomentsAndSumToThePeak) {
             EXPECT_GE(at.gradients, 0);
             EXPECT_EQ(m.states.total() + at.total(), m.forward_backward_peak)
                 << "tp " << tp << " stage " << stage << " variant " << variant;
-            if (stage < 3) EXPECT_EQ(at.gathered, 0) << "stage " << stage << " gathers nothing";
+            if (stage < 3) {
+              EXPECT_EQ(at.gathered, 0) << "stage " << stage << " gathers nothing";
+            }
             EXPECT_LE(at.gathered, m.comm_buffers);  // a moment holds at most the largest amount
             ++checked;
           }

@@ -77,15 +77,15 @@ void calibrate(const SimulateArgs& args) {
   write_output(path, cal.to_json().dump(2) + "\n");
   std::cout << fmt::format("calibration of {} ranks x {} threads on {} ({}) written to {}\n", cal.world,
                            cal.threads_per_rank, cal.device, cal.dtype, path);
-  for (const auto& [name, costs] : std::map<std::string, const sim::ComputeCosts*>{
-           {cal.dtype, &cal.compute}, {cal.other_dtypes.empty() ? cal.dtype : cal.other_dtypes.begin()->first,
-                                       cal.other_dtypes.empty() ? &cal.compute : &cal.other_dtypes.begin()->second}}) {
+  auto print_costs = [&](const std::string& name, const sim::ComputeCosts& costs) {
     std::cout << fmt::format("  {} GEMM: {} shapes (a grid and the step shapes of {}), best {:.2f} GFLOP/s per rank\n",
-                             name, costs->gemm_seconds.size(), cal.model, costs->gemm_peak_flops / 1e9);
+                             name, costs.gemm_seconds.size(), cal.model, costs.gemm_peak_flops / 1e9);
     std::cout << fmt::format("  {} elementwise op: {:.1f} us + bytes / {:.2f} GB/s (forward+backward {:.1f} us)\n",
-                             name, costs->elementwise_forward.latency_s * 1e6, costs->elementwise_forward.rate / 1e9,
-                             costs->elementwise_forward_backward.latency_s * 1e6);
-  }
+                             name, costs.elementwise_forward.latency_s * 1e6, costs.elementwise_forward.rate / 1e9,
+                             costs.elementwise_forward_backward.latency_s * 1e6);
+  };
+  print_costs(cal.dtype, cal.compute);
+  for (const auto& [name, costs] : cal.other_dtypes) print_costs(name, costs);
   std::cout << fmt::format("  framework overhead: {:.1f}% of the GEMM and elementwise costs at tp 1", 100 * cal.overhead_ratio);
   for (const auto& [n, ratio] : cal.overhead_ratio_by_tp) std::cout << fmt::format(", {:.1f}% at tp {}", 100 * ratio, n);
   std::cout << "\n";

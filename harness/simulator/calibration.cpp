@@ -52,8 +52,8 @@ std::map<int, LinearCost> costs_from(const json& j, const std::string& where, co
   return out;
 }
 
-// {"<group size>": share >= 0, ...}; absent (older files) is empty.
-std::map<int, double> shares_by_group(const json& j, const std::string& key, const std::string& source) {
+// {"<group size>": a number >= 0 (a share or seconds), ...}; absent (older files) is empty.
+std::map<int, double> nonnegative_by_group(const json& j, const std::string& key, const std::string& source) {
   std::map<int, double> out;
   if (!j.contains(key) || !j[key].is_object()) return out;
   for (const auto& [size, value] : j[key].items()) {
@@ -323,10 +323,10 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
     for (const auto& [name, costs] : j["other_dtypes"].items())
       c.other_dtypes[name] = compute_from(costs, "other_dtypes." + name + ".", source);
   // Older files' fitted seconds (layer_overhead_s, step_collective_extra_s, ...) are not read.
-  c.overhead_ratio_by_tp = shares_by_group(j, "overhead_ratio_by_tp", source);
-  c.step_collective_skew = shares_by_group(j, "step_collective_skew", source);
-  c.layer_gather_skew = shares_by_group(j, "layer_gather_skew", source);
-  c.collective_wake_s = shares_by_group(j, "collective_wake_s", source);
+  c.overhead_ratio_by_tp = nonnegative_by_group(j, "overhead_ratio_by_tp", source);
+  c.step_collective_skew = nonnegative_by_group(j, "step_collective_skew", source);
+  c.layer_gather_skew = nonnegative_by_group(j, "layer_gather_skew", source);
+  c.collective_wake_s = nonnegative_by_group(j, "collective_wake_s", source);
   AUTOTP_USER_CHECK(c.overhead_ratio >= 0, "{}: 'overhead_ratio' must be >= 0", source);
   if (j.contains("optimizer_step") && !j["optimizer_step"].is_null()) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
   if (j.contains("cpu_adam_bytes_per_core_s") && !j["cpu_adam_bytes_per_core_s"].is_null()) {
@@ -556,10 +556,10 @@ void measure_optimizer_step(const Session& session, const ModelConfig& config, C
     OptimizerConfig adamw;
     adamw.weight_decay = 0.01;
     FlatOptimizer optimizer(adamw, n, session.options.device);
-    auto params = torch::randn({n}, on), grads = torch::randn({n}, on), mask = torch::ones({n}, on);
+    auto params = torch::randn({n}, on), grads = torch::randn({n}, on);
     seconds.push_back(time_call(
         [&] {
-          const double norm = std::sqrt(masked_sum_of_squares(grads, mask).item<double>());
+          const double norm = std::sqrt(sum_of_squares(grads).item<double>());  // as PartitionNorm
           grads.mul_(std::min(1.0, 1.0 / (norm + 1e-6)));
           optimizer.step(params, grads, 1e-3);
         },
@@ -804,13 +804,19 @@ std::map<int, double> measure_group_sizes(const Session& session, const ModelCon
   return tp_step_s;
 }
 
+// `cal` without the framework overhead: what the micro-benchmarks alone predict.
+Calibration without_overhead(const Calibration& cal) {
+  Calibration without = cal;
+  without.overhead_ratio = 0;
+  without.overhead_ratio_by_tp.clear();
+  return without;
+}
+
 // The framework overhead: rank 0's step alone over what the GEMM and elementwise
 // costs predict, minus 1.
 double fit_overhead_ratio(const Session& session, const ModelConfig& config, const RankShape& shape1,
                           const Calibration& cal, double alone_step_s) {
-  Calibration without = cal;
-  without.overhead_ratio = 0;
-  without.overhead_ratio_by_tp.clear();
+  const Calibration without = without_overhead(cal);
   SimLayout layout;
   layout.gpus = 1;  // rank 0 alone: no slowdown
   layout.micro_batch = session.options.micro_batch;
@@ -826,10 +832,7 @@ double fit_overhead_ratio(const Session& session, const ModelConfig& config, con
 void fit_overhead_ratio_by_tp(const Session& session, const ModelConfig& config,
                               const std::map<int, double>& tp_step_s, Calibration& cal) {
   for (const auto& [g, seconds] : tp_step_s) {
-    Calibration without = cal;
-    without.overhead_ratio = 0;
-    without.overhead_ratio_by_tp.clear();
-    auto cluster = cpu_local_cluster(without, "calibration");
+    auto cluster = cpu_local_cluster(without_overhead(cal), "calibration");
     SimLayout layout;
     layout.gpus = session.env.world_size;
     layout.tp = g;

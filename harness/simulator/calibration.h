@@ -2,25 +2,28 @@
 // operations a training step is made of, with the thread count of a real run.
 // Compute costs are one rank's (rank 0 measures while the others wait), and the
 // contention of N ranks on the shared cores is one measured factor:
-//   - GEMM seconds at the exact shapes of a step ([m, k] x [k, n], batched for
-//     attention) of a given model, micro-batch and sequence length, at every tp
+//   - GEMM seconds on a fixed grid of shapes and at the exact shapes of a step
+//     ([m, k] x [k, n], batched for attention) of a given model, micro-batch and
+//     sequence length, at every tp; in fp32 and in bf16
 //   - elementwise ops: seconds = latency + bytes / bandwidth, forward without
-//     autograd, forward with autograd, and forward + backward
-//   - the framework overhead per decoder layer: the real forward + backward of
-//     the model at tp 1 minus what the costs above predict
-//   - the optimizer pass on n partition elements: the masked fp64 gradient norm,
+//     autograd, forward with autograd, and forward + backward; in fp32 and bf16
+//   - the framework overhead: the real forward + backward of the model at tp 1
+//     over what the costs above predict, as a ratio
+//   - the optimizer pass on n partition elements: the fp64 gradient norm,
 //     clipping and an AdamW update, seconds = latency + n / elements_per_s
-//   - the same overhead at each tp size that fits the world, from the model's real
-//     forward + backward with all tp groups running at once
+//   - the same overhead ratio at each tp size that fits the world, from the model's
+//     real forward + backward with all tp groups running at once
 //   - the concurrency slowdown: that forward + backward with every rank running
 //     it at once, over rank 0 alone
 //   - collectives over `Comm` (Gloo) for each group size that divides the world,
 //     with world / size groups running at once as in training:
 //     seconds = latency + bytes / bytes_per_s, from a least-squares fit
-//   - what those collectives cost on top inside a step: the model's forward +
-//     backward followed by a model-sized all-reduce and all-gather, and with a
-//     ZeRO-3 layer gather before every layer, against the same without them
-//     (alternating rounds of both, so that drift falls on both alike)
+//   - what those collectives cost on top inside a step, as shares of the forward +
+//     backward: the model's forward + backward followed by a model-sized
+//     all-reduce and all-gather, and with a ZeRO-3 layer gather before every
+//     layer, against the same without them (alternating rounds of both, so that
+//     drift falls on both alike); and a tiny collective between short GEMMs
+//     against the GEMMs alone (the wait for a descheduled partner)
 // Every time is the mean over its measuring window, scaled to a host that takes
 // no CPU from this machine (times 1 - the /proc/stat steal fraction of that
 // window): a shared VM's steal changes by the minute, and a run's own steal is
@@ -83,8 +86,9 @@ struct Calibration {
   std::string device = "cpu";  // "cpu" | "cuda": where the compute was timed (optional key; older files: cpu)
   // The compute dtype of the timed GEMMs, elementwise ops and model steps ("fp32" |
   // "bf16" | "fp16"; optional key, older files: fp32). A CPU with bf16 instructions
-  // runs bf16 GEMMs at twice the fp32 rate or more, so a layout is timed with a
-  // calibration of its own dtype (the simulator notes a mismatch).
+  // runs bf16 GEMMs at twice the fp32 rate or more, so a layout is timed with the
+  // compute costs of its own dtype (other_dtypes; the simulator notes a dtype
+  // neither measured).
   std::string dtype = "fp32";
   int64_t micro_batch = 0, seq_len = 0;
   ComputeCosts compute;  // in `dtype`

@@ -82,9 +82,9 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // RMSNorm (rms_norm.h) keeps its input and the fp32 reciprocal RMS of each
     // row; the linears after it keep its output.
     const int64_t norm = 2 * a * BtH + 4 * Bt;
-    const int64_t mlp_kept = 4;
+    const int64_t mlp = 4 * a * BT * I;  // gate, silu(gate), up, their product
     p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
-                   attention_saved + mlp_kept * a * BT * I /*gate, silu(gate), up, their product*/;
+                   attention_saved + mlp;
     // Gemma: the post-attention and post-feed-forward norms keep their input and
     // reciprocal RMS too (their output goes into the residual add), and every
     // (1 + w) norm is plain autograd ops (rms_norm_plus_one) that also keep the fp32
@@ -114,14 +114,13 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // dense MLP's terms instead: per_layer is the mean over the layers.
     if (c.num_experts > 0) {
       const int64_t k = c.experts_per_token;
-      const int64_t sparse_mlp = mlp_kept * a * BT * I + a * BTH + 4 * BT * c.num_experts + 2 * k * a * BTH +
+      const int64_t sparse_mlp = mlp + a * BTH + 4 * BT * c.num_experts + 2 * k * a * BTH +
                                  (c.shared_expert_intermediate_size > 0 ? 2 * a * BTH : 0);
-      const int64_t dense_mlp = mlp_kept * a * BT * ((c.intermediate_size + l.tp - 1) / l.tp);
-      int64_t sparse_layers = 0;
-      for (int64_t layer = 0; layer < c.num_layers; ++layer) sparse_layers += c.is_sparse(layer) ? 1 : 0;
-      const int64_t rest = p.recomputed - mlp_kept * a * BT * I;
-      p.recomputed = rest + (sparse_layers * sparse_mlp + (c.num_layers - sparse_layers) * dense_mlp) /
-                                std::max<int64_t>(1, c.num_layers);
+      const int64_t dense_mlp = 4 * a * BT * s.local_dense_intermediate;
+      const int64_t sparse_layers = s.sparse_layers;
+      p.recomputed += (sparse_layers * sparse_mlp + (c.num_layers - sparse_layers) * dense_mlp) /
+                          std::max<int64_t>(1, c.num_layers) -
+                      mlp;
     }
     p.per_layer = p.recomputed;
     // Token ids, rotary cos / sin, final norm.

@@ -32,6 +32,7 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
   auto ends_with = [](const std::string& text, const std::string& suffix) {
     return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) s.sparse_layers += config.is_sparse(layer) ? 1 : 0;
   for (const auto& e : plan.entries()) {
     const int64_t n = e.spec.local_numel(tp_rank);
     const FlatRange range{s.local_numel, s.local_numel + n};
@@ -58,6 +59,12 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
     }
     const bool linear = e.desc.kind == ParamKind::kLinear || e.desc.kind == ParamKind::kConv1D;
     const std::string& within = in_layer.within;  // e.g. "self_attn.q_proj.weight"
+    if (linear && in_layer.layer >= 0 && s.local_dense_intermediate == 0) {  // the first dense MLP, any layer
+      const Axis out = e.desc.axes[e.desc.out_dim()];
+      const int64_t width = e.spec.local_shape(tp_rank)[e.desc.out_dim()];
+      if (out == Axis::kIntermediate) s.local_dense_intermediate = width;
+      if (out == Axis::kGateUp) s.local_dense_intermediate = width / 2;
+    }
     if (linear && in_layer.layer == 0 && ends_with(within, ".weight")) {
       auto shape = e.spec.local_shape(tp_rank);
       LocalLinear l;

@@ -40,6 +40,9 @@ struct RankShape {
                                           // mixture of experts mixes dense and sparse layers)
   int64_t hidden = 0, head_dim = 0;
   int64_t local_heads = 0, local_kv_heads = 0, local_intermediate = 0, local_vocab = 0;
+  // A dense MLP's width on this rank (a mixture's dense layers: mlp_only_layers, decoder_sparse_step).
+  int64_t local_dense_intermediate = 0;
+  int64_t sparse_layers = 0;  // layers with a sparse block (a mixture of experts)
   bool vocab_split = false;               // embedding / LM head vocab-parallel
   bool gpt2 = false;
   std::vector<int64_t> shared_numel;      // global numel of each parameter with kv slices shared over tp (tp_step's)

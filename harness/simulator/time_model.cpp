@@ -96,13 +96,15 @@ LayerOps layer_ops(const ModelConfig& c, const RankShape& s, int64_t B, int64_t 
     // router's softmax, top-k, normalisation, cast and counts, then per expert its
     // token selection (== e, nonzero), the token and slot selects, the gather of its
     // tokens, the weighting and the index_add back, and its own activation and product.
+    // Every layer is modelled on layer 0: these count in the share of the layers that are sparse.
     const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
     const double rows = BT * k / E;  // an expert's share of the tokens
-    l.ops.push_back({6, BT * E});
-    l.ops.push_back({2 * E, BT * k});
-    l.ops.push_back({3 * E, rows});
-    l.ops.push_back({3 * E, rows * s.hidden});
-    l.ops.push_back({2 * (E - 1), 0});
+    const double sparse = static_cast<double>(s.sparse_layers) / std::max<int64_t>(1, c.num_layers);
+    l.ops.push_back({6 * sparse, BT * E});
+    l.ops.push_back({2 * E * sparse, BT * k});
+    l.ops.push_back({3 * E * sparse, rows});
+    l.ops.push_back({3 * E * sparse, rows * s.hidden});
+    l.ops.push_back({2 * (E - 1) * sparse, 0});
   }
   return l;
 }
@@ -235,10 +237,10 @@ double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSp
   // With offload_optimizer the device computes only the norm: the update runs on
   // the host (cpu_adam_s) and writes the model-dtype parameters there.
   const bool offload = l.offloads_optimizer();
-  const double update = offload ? e.fwd(part, 3)  // norm: mask, to fp64, dot
+  const double update = offload ? e.fwd(part, 3)  // norm: to fp64, dot, add
                         : c.calibration && c.calibration->optimizer_step
                             ? c.calibration->optimizer_step->seconds(part)  // measured on this machine
-                            : e.fwd(part, 3)     // norm: mask, to fp64, dot
+                            : e.fwd(part, 3)     // norm: to fp64, dot, add
                                   + e.fwd(part, 10);  // clip + AdamW (decay, two moments, sqrt, div, add, update)
   return e.fwd(static_cast<double>(P), 1)  // zeroing the gradients at the step start
          + update
