@@ -32,7 +32,8 @@ TEST(BenchComm, BusBandwidthFactorsAreExact) {
   EXPECT_DOUBLE_EQ(cli::bus_bandwidth_factor("all_gather", 3), 2.0 / 3.0);
   EXPECT_DOUBLE_EQ(cli::bus_bandwidth_factor("reduce_scatter", 4), 0.75);
   EXPECT_DOUBLE_EQ(cli::bus_bandwidth_factor("broadcast", 3), 1.0);
-  EXPECT_THROW(cli::bus_bandwidth_factor("all_to_all", 2), UserError);
+  EXPECT_DOUBLE_EQ(cli::bus_bandwidth_factor("all_to_all", 4), 0.75);
+  EXPECT_THROW(cli::bus_bandwidth_factor("all_to_one", 2), UserError);
 }
 
 class BenchCommWorld : public ::testing::TestWithParam<int> {};
@@ -47,9 +48,9 @@ TEST_P(BenchCommWorld, EveryRowVerifiedWithExactBusFactor) {
   const json report = read_json(dir + "/comm.json");
   EXPECT_EQ(report.at("context").at("world"), n);
   const json& rows = report.at("benchmarks");
-  // 5 sizes (8 B .. 32 KiB by 8) x (4 ops x {comm, c10d} + all_reduce, all_gather and
-  // reduce_scatter over comm-gloo: broadcast does not use shared memory).
-  ASSERT_EQ(rows.size(), 5u * 11u);
+  // 5 sizes (8 B .. 32 KiB by 8) x (5 ops x {comm, c10d} + all_reduce, all_gather,
+  // reduce_scatter and all_to_all over comm-gloo: broadcast does not use shared memory).
+  ASSERT_EQ(rows.size(), 5u * 14u);
   std::map<std::string, int> per_op;
   for (const auto& row : rows) {
     SCOPED_TRACE(row.dump());
@@ -58,7 +59,7 @@ TEST_P(BenchCommWorld, EveryRowVerifiedWithExactBusFactor) {
     EXPECT_EQ(row.at("check"), "ok");
     EXPECT_EQ(row.at("wrong"), 0);
     const double expected_factor = op == "all_reduce"                                 ? 2.0 * (n - 1) / n
-                                   : op == "all_gather" || op == "reduce_scatter" ? (n - 1.0) / n
+                                   : op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" ? (n - 1.0) / n
                                                                                       : 1.0;
     EXPECT_DOUBLE_EQ(row.at("bus_factor").get<double>(), expected_factor);
     const double time = row.at("time_s").get<double>();
@@ -66,7 +67,7 @@ TEST_P(BenchCommWorld, EveryRowVerifiedWithExactBusFactor) {
     EXPECT_DOUBLE_EQ(row.at("algbw_GBps").get<double>(), row.at("bytes").get<double>() / time / 1e9);
     EXPECT_DOUBLE_EQ(row.at("busbw_GBps").get<double>(), row.at("algbw_GBps").get<double>() * expected_factor);
     // Split collectives move whole elements, a multiple of the world per buffer.
-    if (op == "all_gather" || op == "reduce_scatter") {
+    if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") {
       EXPECT_EQ(row.at("count").get<int64_t>() % n, 0);
     }
   }
@@ -74,6 +75,7 @@ TEST_P(BenchCommWorld, EveryRowVerifiedWithExactBusFactor) {
   EXPECT_EQ(per_op["all_gather"], 15);
   EXPECT_EQ(per_op["reduce_scatter"], 15);
   EXPECT_EQ(per_op["broadcast"], 10);
+  EXPECT_EQ(per_op["all_to_all"], 15);
   EXPECT_NE(result.output.find("busbw(GB/s)"), std::string::npos) << result.output;
 }
 
@@ -84,7 +86,7 @@ TEST(BenchComm, BadInputIsAUserError) {
   auto one = run_cli("bench-comm --nproc 1");
   EXPECT_EQ(one.exit_code, 2) << one.output;
   EXPECT_NE(one.output.find("at least 2 ranks"), std::string::npos) << one.output;
-  auto op = run_cli("bench-comm --nproc 2 --ops all_to_all");
+  auto op = run_cli("bench-comm --nproc 2 --ops all_to_one");
   EXPECT_EQ(op.exit_code, 2) << op.output;
   EXPECT_NE(op.output.find("allowed: all_reduce"), std::string::npos) << op.output;
 }

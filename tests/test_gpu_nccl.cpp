@@ -73,11 +73,13 @@ TEST_P(CommAlone, BlockingCollectivesRunThroughTheGroup) {
   auto b = values(5, 2);
   comm_->broadcast(b);
   expect_equal(b, values(5, 2), "broadcast");
+  expect_equal(comm_->all_to_all(values(6).view({3, 2}), {3}, {3}), values(6).view({3, 2}), "all_to_all");
   comm_->barrier();
   // Counted: the shortcut returns before the counting.
   EXPECT_EQ(comm_->stats().all_reduce_calls, 1);
   EXPECT_EQ(comm_->stats().all_gather_calls, 2);
   EXPECT_EQ(comm_->stats().reduce_scatter_calls, 2);
+  EXPECT_EQ(comm_->stats().all_to_all_calls, 1);
 }
 
 TEST_P(CommAlone, StartedCollectivesCompleteAtWait) {

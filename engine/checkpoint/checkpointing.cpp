@@ -41,11 +41,23 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> hf_tensor_list(const s
   return list;
 }
 
+// Every tensor of the HF model in model order, other expert-parallel ranks' experts included.
 std::vector<io::CheckpointTensor> model_tensors(CausalLM& model) {
   std::vector<io::CheckpointTensor> tensors;
-  for (auto& p : model.parameters()) tensors.push_back({p.name(), p.spec()});
+  for (const auto& e : model.plan().entries())
+    if (!e.adapter) tensors.push_back({e.desc.name, e.spec});
   return tensors;
 }
+
+std::vector<std::string> model_order(const nlohmann::json& model_config) {
+  std::vector<std::string> names;
+  for (const auto& d : describe_parameters(ModelConfig::from_json(model_config, "checkpoint model_config")))
+    names.push_back(d.name);
+  return names;
+}
+
+// Expert parallelism: the sub-directory of ep rank `ep_rank`'s experts.
+std::string expert_part_name(int ep_rank) { return fmt::format("experts_ep{}", ep_rank); }
 
 // What checkpoints hold: the parameters that train (all of them, or LoRA's adapters and modules_to_save).
 std::vector<io::CheckpointTensor> trained_tensors(const ZeroOptimizer& zero) {
@@ -77,6 +89,7 @@ io::CheckpointMetadata trainer_metadata(Trainer& trainer) {
   m.optimizer_states = optimizer_state_names(partition);
   m.model_config = trainer.model().config().raw;
   m.train_config = trainer.config().to_json();
+  for (int e = 0; e < topo.ep_size() && topo.ep_size() > 1; ++e) m.expert_parts.push_back(expert_part_name(e));
   m.trainer = {{"steps", state.steps_done},
                {"applied_steps", state.applied_steps},
                {"optimizer", trainer.config().optimizer.type},
@@ -98,7 +111,7 @@ io::CheckpointMetadata trainer_metadata(Trainer& trainer) {
 // Every rank checks files rank, rank + world, ...; all learn the first problem.
 void verify_collectively(const io::SavedCheckpoint& ckpt, Comm& world) {
   std::string mine;
-  for (size_t i = world.rank(); i < ckpt.metadata().files.size() && mine.empty(); i += world.size())
+  for (size_t i = world.rank(); i < ckpt.file_count() && mine.empty(); i += world.size())
     mine = ckpt.check_file(i);
   auto message = torch::zeros({1, kMessageBytes}, torch::kUInt8);
   std::memcpy(message.data_ptr(), mine.data(), std::min<size_t>(mine.size(), kMessageBytes - 1));
@@ -109,22 +122,33 @@ void verify_collectively(const io::SavedCheckpoint& ckpt, Comm& world) {
   }
 }
 
-void check_model_matches(const io::SavedCheckpoint& ckpt, const ZeroOptimizer& zero) {
-  const auto& meta = ckpt.metadata();
+void check_model_matches(const io::SavedCheckpoint& ckpt, Trainer& trainer) {
   const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
-  for (const Parameter* p : zero.params()) {
-    auto found = meta.find(p->name());
-    AUTOTP_USER_CHECK(found, "{}: the checkpoint has no tensor '{}' (was it saved from another model or LoRA config?)",
-                      where, p->name());
-    const auto& saved = meta.tensors[*found].spec.global_shape();
-    AUTOTP_USER_CHECK(saved == p->spec().global_shape(),
-                      "{}: tensor '{}' has shape [{}] in the checkpoint but [{}] in the model", where, p->name(),
-                      fmt::join(saved, ", "), fmt::join(p->spec().global_shape(), ", "));
+  const auto saved = ckpt.all_tensors({});
+  std::map<std::string, std::vector<int64_t>> shapes(saved.begin(), saved.end());
+  int64_t trained = 0;  // every trained tensor of the model, other ep ranks' experts included
+  for (const auto& e : trainer.model().plan().entries()) {
+    if (e.frozen) continue;
+    ++trained;
+    auto found = shapes.find(e.desc.name);
+    AUTOTP_USER_CHECK(found != shapes.end(),
+                      "{}: the checkpoint has no tensor '{}' (was it saved from another model or LoRA config?)", where,
+                      e.desc.name);
+    AUTOTP_USER_CHECK(found->second == e.spec.global_shape(),
+                      "{}: tensor '{}' has shape [{}] in the checkpoint but [{}] in the model", where, e.desc.name,
+                      fmt::join(found->second, ", "), fmt::join(e.spec.global_shape(), ", "));
   }
-  AUTOTP_USER_CHECK(meta.tensors.size() == zero.params().size(),
+  AUTOTP_USER_CHECK(static_cast<int64_t>(saved.size()) == trained,
                     "{}: the checkpoint has {} tensors, the model trains {} (was it saved from another model or "
                     "LoRA config?)",
-                    where, meta.tensors.size(), zero.params().size());
+                    where, saved.size(), trained);
+}
+
+// The specs of what `zero` holds, by name, for assembling its partition.
+std::vector<std::pair<std::string, const ShardSpec*>> held_specs(const ZeroOptimizer& zero) {
+  std::vector<std::pair<std::string, const ShardSpec*>> specs;
+  for (const Parameter* p : zero.params()) specs.emplace_back(p->name(), &p->spec());
+  return specs;
 }
 
 // fp32 master values and optimizer states for a partition of a target layout.
@@ -188,6 +212,45 @@ const char* save_point_name(SavePhase phase) {
   return "";
 }
 
+// Expert parallelism: every rank writes its partition of its ep rank's experts
+// into staging/experts_ep<E>/ (at stage 0 only edp rank 0: the others hold
+// copies); each part's first rank writes the part's metadata. Collective over the world.
+void save_expert_part(ZeroOptimizer& experts, Topology& topo, const io::CheckpointMetadata& top,
+                      const std::string& staging) {
+  PartitionState partition = experts.partition_state();
+  refuse_non_finite(partition, topo, top.step);
+  const fs::path dir = fs::path(staging) / expert_part_name(topo.ep_rank());
+  std::error_code error;
+  fs::create_directories(dir, error);  // every rank of the part: whoever comes first creates it
+  AUTOTP_USER_CHECK(fs::is_directory(dir), "{}: cannot create directory: {}", dir.string(), error.message());
+  const bool holds_states = experts.stage() > 0 || topo.edp_rank() == 0;
+  torch::Tensor none;
+  const auto tensors = io::rank_file_tensors(
+      holds_states ? partition.params : none, holds_states ? partition.master_weights : none,
+      holds_states ? partition.optimizer : std::vector<std::pair<std::string, torch::Tensor>>{}, rng_state());
+  const std::string path = (dir / io::rank_file_name(topo.tp_rank(), topo.edp_rank())).string();
+  io::write_safetensors(path, tensors);
+  const auto sum = io::checksum_file(path);
+  auto record = torch::tensor({static_cast<int64_t>(sum.crc32), static_cast<int64_t>(sum.bytes)}, torch::kLong);
+  auto records = topo.world().all_gather(record.view({1, 2}), 0);
+  if (topo.edp_rank() != 0 || topo.tp_rank() != 0) return;
+  io::CheckpointMetadata part = top;
+  part.dp = topo.edp_size();
+  part.expert_parts.clear();
+  part.dtype = hf_dtype_name(experts.dtype());
+  part.tensors.clear();
+  for (size_t i = 0; i < experts.params().size(); ++i)
+    part.tensors.push_back({experts.params()[i]->name(), experts.params()[i]->spec(), experts.unit_ids()[i]});
+  part.files.clear();
+  for (int d = 0; d < topo.edp_size(); ++d)
+    for (int t = 0; t < topo.tp_size(); ++t) {
+      const int rank = (d * topo.ep_size() + topo.ep_rank()) * topo.tp_size() + t;
+      part.files.push_back({io::rank_file_name(t, d), t, d, static_cast<uint32_t>(records[rank][0].item<int64_t>()),
+                            static_cast<uint64_t>(records[rank][1].item<int64_t>())});
+    }
+  io::write_text_file_atomic((dir / io::kCheckpointMetadataFile).string(), part.to_json().dump(1) + "\n");
+}
+
 }  // namespace
 
 std::string checkpoint_model_files(const io::SavedCheckpoint& checkpoint) {
@@ -240,6 +303,8 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
                           static_cast<uint64_t>(records[r][1].item<int64_t>())});
   }
 
+  if (ZeroOptimizer* experts = trainer.optimizer().experts()) save_expert_part(*experts, topo, meta, staging);
+
   if (topo.rank() == 0 && !options.model_files_dir.empty()) {
     const fs::path files = fs::path(staging) / kModelFilesDir;
     std::error_code error;
@@ -255,6 +320,7 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, const Sav
     export_options.within_save = true;
     export_hf(trainer, (fs::path(staging) / "hf_model").string(), export_options);
   }
+  if (!meta.expert_parts.empty()) world.barrier();  // every part's metadata is in the staging directory
   if (topo.rank() == 0)
     io::commit_checkpoint(
         root, staging, meta, [&] { hook(SavePhase::kMetadataWritten); }, [&] { hook(SavePhase::kRenamed); });
@@ -274,7 +340,7 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
   auto& topo = trainer.topology();
   const auto& meta = ckpt.metadata();
   const std::string where = (fs::path(ckpt.dir()) / io::kCheckpointMetadataFile).string();
-  check_model_matches(ckpt, trainer.optimizer());
+  check_model_matches(ckpt, trainer);
   if (meta.train_config.contains("lora") && meta.train_config["lora"].is_object()) {
     // The adapters' tensors fit (checked above); their scale must be the one they were trained with.
     const LoraConfig saved = LoraConfig::from_adapter_config(meta.train_config["lora"], where + " (train_config.lora)");
@@ -293,12 +359,15 @@ int64_t load_checkpoint(Trainer& trainer, const io::SavedCheckpoint& ckpt) {
                     trainer.config().optimizer.type, fmt::join(wanted, ", "));
   verify_collectively(ckpt, topo.world());
 
-  std::vector<std::pair<std::string, const ShardSpec*>> specs;
-  for (const Parameter* p : trainer.optimizer().params()) specs.emplace_back(p->name(), &p->spec());
-  const FlatLayout& layout = trainer.optimizer().layout();
-  auto part = assemble_partition(ckpt, specs, topo.tp_rank(), layout, topo.dp_rank(), meta.optimizer_states);
-  trainer.optimizer().load_partition_state(part.master, part.optimizer,
-                                           meta.trainer.at("optimizer_steps").get<int64_t>());
+  const int64_t optimizer_steps = meta.trainer.at("optimizer_steps").get<int64_t>();
+  auto part = assemble_partition(ckpt, held_specs(trainer.optimizer()), topo.tp_rank(), trainer.optimizer().layout(),
+                                 topo.dp_rank(), meta.optimizer_states);
+  trainer.optimizer().load_partition_state(part.master, part.optimizer, optimizer_steps);
+  if (ZeroOptimizer* experts = trainer.optimizer().experts()) {  // the ep rank's experts, partitioned over edp
+    auto expert_part = assemble_partition(ckpt, held_specs(*experts), topo.tp_rank(), experts->layout(),
+                                          topo.edp_rank(), meta.optimizer_states);
+    experts->load_partition_state(expert_part.master, expert_part.optimizer, optimizer_steps);
+  }
   trainer.optimizer().set_loss_scaler_state({meta.loss_scaler.at("loss_scale").get<double>(),
                                              meta.loss_scaler.at("good_steps").get<int64_t>(),
                                              meta.loss_scaler.at("hysteresis_left").get<int>()});
@@ -341,21 +410,43 @@ void export_hf(Trainer& trainer, const std::string& dir, const ExportOptions& op
                                                  export_dtype(options, model.dtype()), options.max_shard_bytes);
     writer->copy_companions_from(options.model_files_dir);
   }
-  const FlatLayout& layout = trainer.optimizer().layout();
+  ZeroOptimizer& zero = trainer.optimizer();
   const int tp_rank = topo.tp_rank();
+  std::map<std::string, size_t> dense, experts;  // name -> index among what each optimizer holds
+  for (size_t i = 0; i < zero.params().size(); ++i) dense[zero.params()[i]->name()] = i;
+  if (zero.experts())
+    for (size_t i = 0; i < zero.experts()->params().size(); ++i) experts[zero.experts()->params()[i]->name()] = i;
+  const ExpertPlacement& placement = model.expert_placement();
   reset_memory_peak();
   const int64_t at_start = memory_counts().current;
   int64_t largest = 0;
-  for (size_t i = 0; i < model.parameters().size(); ++i) {
-    const Parameter& p = model.parameters()[i];
-    // This tp rank's shard gathered over dp, then (dp group 0 only) the whole tensor over tp.
-    auto local = trainer.optimizer()
-                     .gather_master(layout.offsets[i], layout.offsets[i] + layout.numels[i])
-                     .view(p.spec().local_shape(tp_rank));
-    if (topo.dp_rank() != 0) continue;
-    auto full = gather_full(p.spec(), local, topo.tp());
+  for (const auto& t : tensors) {
+    torch::Tensor full;
+    if (auto d = dense.find(t.name); d != dense.end()) {
+      // This tp rank's shard gathered over dp, then (dp group 0 only) the whole tensor over tp.
+      const FlatLayout& layout = zero.layout();
+      auto local = zero.gather_master(layout.offsets[d->second], layout.offsets[d->second] + layout.numels[d->second])
+                       .view(t.spec.local_shape(tp_rank));
+      if (topo.dp_rank() != 0) continue;
+      full = gather_full(t.spec, local, topo.tp());
+    } else {
+      // A routed expert under expert parallelism: its ep rank gathers it over edp and
+      // tp, then the ep group of rank 0 broadcasts it from its owner.
+      const int owner = placement.owner(model.plan().entry(t.name).expert);
+      if (auto x = experts.find(t.name); x != experts.end()) {
+        const FlatLayout& layout = zero.experts()->layout();
+        auto local = zero.experts()
+                         ->gather_master(layout.offsets[x->second], layout.offsets[x->second] + layout.numels[x->second])
+                         .view(t.spec.local_shape(tp_rank));
+        if (topo.edp_rank() == 0) full = gather_full(t.spec, local, topo.tp());
+      }
+      if (topo.edp_rank() != 0 || tp_rank != 0) continue;
+      if (!full.defined()) full = torch::empty(t.spec.global_shape(), torch::TensorOptions().dtype(torch::kFloat32).device(model.device()));
+      topo.ep().broadcast(full, owner);
+      if (topo.rank() != 0) continue;
+    }
     largest = std::max<int64_t>(largest, full.numel() * full.element_size());
-    if (writer) writer->write(p.name(), full);
+    if (writer) writer->write(t.name, full);
   }
   if (writer) {
     writer->finish();
@@ -374,10 +465,11 @@ void export_hf(const io::SavedCheckpoint& ckpt, const std::string& dir, const Ex
                     "{}: a LoRA checkpoint holds the adapters only (not a whole model); export a merged model with "
                     "`autotp train ... --resume {} --export-hf DIR --merge-lora`, or the adapter with --save-adapter",
                     ckpt.dir(), ckpt.dir());
-  io::HfModelWriter writer(dir, meta.model_config, hf_tensor_list(meta.tensors),
-                           export_dtype(options, parse_dtype(meta.dtype)), options.max_shard_bytes);
+  const auto tensors = ckpt.all_tensors(model_order(meta.model_config));  // experts of every ep rank in model order
+  io::HfModelWriter writer(dir, meta.model_config, tensors, export_dtype(options, parse_dtype(meta.dtype)),
+                           options.max_shard_bytes);
   writer.copy_companions_from(options.model_files_dir.empty() ? checkpoint_model_files(ckpt) : options.model_files_dir);
-  for (size_t i = 0; i < meta.tensors.size(); ++i) writer.write(meta.tensors[i].name, ckpt.read_full(i, "master"));
+  for (const auto& [name, shape] : tensors) writer.write(name, ckpt.read_full(name, "master"));
   writer.finish();
 }
 
@@ -413,11 +505,13 @@ std::string reshard_checkpoint(const io::SavedCheckpoint& ckpt, int tp, int dp, 
   for (const PlanEntry* e : entries) {
     meta.tensors.push_back({e->desc.name, e->spec, units[meta.tensors.size()]});
     specs.emplace_back(e->desc.name, &e->spec);
-    AUTOTP_USER_CHECK(old.find(e->desc.name), "checkpoint {}: has no tensor '{}'", ckpt.dir(), e->desc.name);
+    AUTOTP_USER_CHECK(ckpt.holds(e->desc.name), "checkpoint {}: has no tensor '{}'", ckpt.dir(), e->desc.name);
   }
   meta.files.clear();
+  meta.expert_parts.clear();  // the experts join the other tensors (ep 1)
   // The config travels along for reference; a resume uses the config it is given.
   meta.train_config["tensor_parallel"]["autotp_size"] = tp;
+  meta.train_config.erase("expert_parallel");
   meta.train_config["zero_optimization"]["stage"] = stage;
   const int64_t tbs = meta.train_config.value("train_batch_size", int64_t{0});
   const int64_t gas = meta.train_config.value("gradient_accumulation_steps", int64_t{1});

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <limits>
+#include <map>
 
 #include "autotp/io/checksum.h"
 #include "autotp/base/error.h"
@@ -37,7 +38,7 @@ json CheckpointMetadata::to_json() const {
   for (const auto& f : files)
     file_list.push_back(
         {{"name", f.name}, {"tp_rank", f.tp_rank}, {"dp_rank", f.dp_rank}, {"crc32", f.crc32}, {"bytes", f.bytes}});
-  return {{"format", "autotp-checkpoint"},
+  json j = {{"format", "autotp-checkpoint"},
           {"version", kCheckpointFormatVersion},
           {"step", step},
           {"topology", {{"tp", tp}, {"dp", dp}, {"world", tp * dp}, {"zero_stage", stage}}},
@@ -50,6 +51,8 @@ json CheckpointMetadata::to_json() const {
           {"tensors", tensor_list},
           {"model_config", model_config},
           {"train_config", train_config}};
+  if (!expert_parts.empty()) j["expert_parts"] = expert_parts;
+  return j;
 }
 
 namespace {
@@ -101,6 +104,7 @@ CheckpointMetadata CheckpointMetadata::from_json(const json& j, const std::strin
                            version >= 2 ? checked_integer<int>(t.at("unit"), source) : 0});
     m.model_config = j.at("model_config");
     m.train_config = j.at("train_config");
+    if (j.contains("expert_parts")) m.expert_parts = j.at("expert_parts").get<std::vector<std::string>>();
   } catch (const json::exception& e) {
     throw_user_error("{}: malformed checkpoint metadata: {}", source, e.what());
   } catch (const c10::Error& e) {
@@ -180,10 +184,61 @@ SavedCheckpoint SavedCheckpoint::open(const std::string& path) {
       for (const auto& f : ckpt.meta_.files) listed |= f.tp_rank == t && f.dp_rank == d;
       AUTOTP_USER_CHECK(listed, "{}: lists no file for tp rank {} dp rank {}", meta_path, t, d);
     }
+  for (const auto& part : ckpt.meta_.expert_parts) {
+    AUTOTP_USER_CHECK(!part.empty() && part.find('/') == std::string::npos && part.find("..") == std::string::npos,
+                      "{}: expert part '{}' is not a sub-directory name", meta_path, part);
+    const fs::path part_dir = fs::path(dir) / part;
+    AUTOTP_USER_CHECK(fs::exists(part_dir / kCheckpointMetadataFile), "{}: lists expert part {}, which has no {}",
+                      meta_path, part_dir.string(), kCheckpointMetadataFile);
+    ckpt.parts_.push_back(std::make_shared<SavedCheckpoint>(open(part_dir.string())));
+  }
   return ckpt;
 }
 
+size_t SavedCheckpoint::file_count() const {
+  size_t n = meta_.files.size();
+  for (const auto& part : parts_) n += part->file_count();
+  return n;
+}
+
+bool SavedCheckpoint::holds(const std::string& name) const {
+  if (meta_.find(name)) return true;
+  for (const auto& part : parts_)
+    if (part->holds(name)) return true;
+  return false;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> SavedCheckpoint::all_tensors(
+    const std::vector<std::string>& order) const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> list;
+  for (const auto& t : meta_.tensors) list.emplace_back(t.name, t.spec.global_shape());
+  for (const auto& part : parts_)
+    for (const auto& t : part->all_tensors({})) list.push_back(t);
+  std::map<std::string, size_t> rank;
+  for (size_t i = 0; i < order.size(); ++i) rank.emplace(order[i], i);
+  std::stable_sort(list.begin(), list.end(), [&](const auto& a, const auto& b) {
+    const auto ra = rank.find(a.first), rb = rank.find(b.first);
+    return (ra == rank.end() ? order.size() : ra->second) < (rb == rank.end() ? order.size() : rb->second);
+  });
+  return list;
+}
+
+torch::Tensor SavedCheckpoint::read_full(const std::string& name, const std::string& state) const {
+  if (auto found = meta_.find(name)) return read_full(*found, state);
+  for (const auto& part : parts_)
+    if (part->holds(name)) return part->read_full(name, state);
+  TORCH_CHECK(false, "SavedCheckpoint::read_full: no tensor '", name, "'");
+}
+
 std::string SavedCheckpoint::check_file(size_t index) const {
+  if (index >= meta_.files.size()) {
+    index -= meta_.files.size();
+    for (const auto& part : parts_) {
+      if (index < part->file_count()) return part->check_file(index);
+      index -= part->file_count();
+    }
+    TORCH_CHECK(false, "SavedCheckpoint::check_file: no file ", index);
+  }
   const CheckpointFile& f = meta_.files.at(index);
   const std::string path = (fs::path(dir_) / f.name).string();
   if (!fs::exists(path)) return fmt::format("{}: missing (the checkpoint lists it in {})", path, kCheckpointMetadataFile);
@@ -198,7 +253,7 @@ std::string SavedCheckpoint::check_file(size_t index) const {
 }
 
 void SavedCheckpoint::verify() const {
-  for (size_t i = 0; i < meta_.files.size(); ++i) {
+  for (size_t i = 0; i < file_count(); ++i) {
     std::string problem = check_file(i);
     if (!problem.empty()) throw UserError(problem);
   }
@@ -269,6 +324,17 @@ torch::Tensor SavedCheckpoint::read_rng_state(int rank) const {
   return file(r % meta_.tp, r / meta_.tp).read("rng_state");
 }
 
+std::optional<torch::Tensor> SavedCheckpoint::shard_of(const std::string& name, const ShardSpec& spec, int tp_rank,
+                                                      const std::string& state) const {
+  if (auto found = meta_.find(name)) {
+    if (meta_.tensors[*found].spec == spec) return read_local(*found, tp_rank, state);  // same cut: the saved shard
+    return spec.slice(read_full(*found, state), tp_rank);
+  }
+  for (const auto& part : parts_)
+    if (auto shard = part->shard_of(name, spec, tp_rank, state)) return shard;
+  return std::nullopt;
+}
+
 torch::Tensor SavedCheckpoint::assemble(const std::string& state,
                                         const std::vector<std::pair<std::string, const ShardSpec*>>& specs,
                                         int tp_rank, const FlatLayout& layout, int64_t begin, int64_t end) const {
@@ -278,14 +344,9 @@ torch::Tensor SavedCheckpoint::assemble(const std::string& state,
     const int64_t hi = std::min(end, layout.offsets[i] + layout.numels[i]);
     if (hi <= lo) continue;
     const auto& [name, spec] = specs[i];
-    auto found = meta_.find(name);
-    TORCH_CHECK(found, "SavedCheckpoint::assemble: no tensor '", name, "' (compatibility is checked before)");
-    torch::Tensor local;
-    if (meta_.tensors[*found].spec == *spec)  // same cut: read the saved shard directly
-      local = read_local(*found, tp_rank, state);
-    else
-      local = spec->slice(read_full(*found, state), tp_rank);
-    out.narrow(0, lo - begin, hi - lo).copy_(local.reshape({-1}).narrow(0, lo - layout.offsets[i], hi - lo));
+    auto local = shard_of(name, *spec, tp_rank, state);
+    TORCH_CHECK(local, "SavedCheckpoint::assemble: no tensor '", name, "' (compatibility is checked before)");
+    out.narrow(0, lo - begin, hi - lo).copy_(local->reshape({-1}).narrow(0, lo - layout.offsets[i], hi - lo));
   }
   return out;
 }

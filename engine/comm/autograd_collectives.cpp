@@ -57,6 +57,20 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   }
 };
 
+struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, Comm* comm,
+                               std::vector<int64_t> send_counts, std::vector<int64_t> recv_counts) {
+    ctx->saved_data["comm"] = comm_handle(*comm);
+    ctx->saved_data["send"] = send_counts;
+    ctx->saved_data["recv"] = recv_counts;
+    return comm->all_to_all(input, send_counts, recv_counts);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto send = ctx->saved_data.at("send").toIntVector(), recv = ctx->saved_data.at("recv").toIntVector();
+    return {comm_from(ctx).all_to_all(grads[0], recv, send), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // The forward of both gathers: all-gather along dim, remembering how to undo it.
 torch::Tensor gather_saving(AutogradContext* ctx, const torch::Tensor& input, Comm* comm, int64_t dim,
                             std::vector<int64_t> sizes, const char* op) {
@@ -216,6 +230,12 @@ torch::Tensor reduce_scatter_to_sp(const torch::Tensor& input, Comm& comm, int64
 }
 
 torch::Tensor copy_to_tp(const torch::Tensor& input, Comm& comm) { return CopyToTp::apply(input, &comm); }
+
+torch::Tensor all_to_all_rows(const torch::Tensor& input, Comm& comm, const std::vector<int64_t>& send_counts,
+                              const std::vector<int64_t>& recv_counts) {
+  if (comm.solo()) return input;
+  return AllToAllRows::apply(input, &comm, send_counts, recv_counts);
+}
 
 torch::Tensor reduce_from_tp(const torch::Tensor& input, Comm& comm) {
   return ReduceFromTp::apply(input, &comm);

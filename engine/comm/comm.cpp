@@ -624,6 +624,57 @@ torch::Tensor Comm::reduce_scatter_nccl(const torch::Tensor& full, const std::ve
   return output.narrow(0, 0, extents[rank_]);
 }
 
+torch::Tensor Comm::all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& recv_counts, torch::Tensor out) {
+  const int64_t rows = input.dim() == 0 ? 0 : input.size(0);
+  int64_t sent = 0, received = 0;
+  for (int64_t c : send_counts) sent += c;
+  for (int64_t c : recv_counts) received += c;
+  TORCH_CHECK(input.dim() >= 1 && static_cast<int>(send_counts.size()) == size_ &&
+                  static_cast<int>(recv_counts.size()) == size_ && sent == rows,
+              "Comm::all_to_all on group '", name_, "': ", send_counts.size(), " send and ", recv_counts.size(),
+              " receive counts summing to ", sent, " for ", rows, " rows, in a group of ", size_);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = received;
+  TORCH_CHECK(!out.defined() || (out.is_contiguous() && out.sizes().vec() == shape &&
+                                 out.scalar_type() == input.scalar_type() && out.device() == input.device()),
+              "Comm::all_to_all on group '", name_, "': the output must be a contiguous ", input.scalar_type(),
+              " tensor of shape [", shape, "]");
+  if (solo()) {
+    if (!out.defined()) return input;
+    out.copy_(input);
+    return out;
+  }
+  torch::NoGradGuard no_grad;
+  const torch::Tensor in = input.contiguous();
+  if (!out.defined()) out = torch::empty(shape, input.options());
+  stats_.all_to_all_calls += 1;
+  stats_.all_to_all_bytes += static_cast<int64_t>(in.nbytes());
+  Stopwatch timed(stats_.seconds);
+  wait_all();
+  if (shm_ && !input.is_cuda()) {
+    int64_t row_bytes = static_cast<int64_t>(in.element_size());
+    for (size_t d = 1; d < shape.size(); ++d) row_bytes *= shape[d];
+    std::vector<int64_t> send_bytes, recv_bytes;
+    for (int64_t c : send_counts) send_bytes.push_back(c * row_bytes);
+    for (int64_t c : recv_counts) recv_bytes.push_back(c * row_bytes);
+    try {
+      shm_->all_to_all(static_cast<const uint8_t*>(in.data_ptr()), send_bytes, static_cast<uint8_t*>(out.data_ptr()),
+                       recv_bytes);
+    } catch (const std::exception& error) {
+      fail("all_to_all", error);
+    }
+    return out;
+  }
+  at::Tensor out_view = movement_view(out), in_view = movement_view(in);
+  std::vector<int64_t> out_splits = recv_counts, in_splits = send_counts;
+  run("all_to_all", [&] {
+    c10d::AllToAllOptions options;
+    return group_->alltoall_base(out_view, in_view, out_splits, in_splits, options);
+  });
+  return out;
+}
+
 void Comm::barrier() {
   if (solo()) return;
   wait_all();

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -199,6 +200,63 @@ int64_t SharedMemoryTransport::exchange(const void* data, int64_t bytes, int64_t
   counters(mapping_)[rank_].generation.store(generation, std::memory_order_release);
   wait_for_all(generation);
   return set;
+}
+
+int64_t SharedMemoryTransport::publish(const std::function<void(uint8_t* slot)>& fill) {
+  const int64_t generation = ++generation_;
+  const int64_t set = generation % 2;
+  fill(slot(set, rank_));
+  counters(mapping_)[rank_].generation.store(generation, std::memory_order_release);
+  wait_for_all(generation);
+  return set;
+}
+
+void SharedMemoryTransport::all_to_all(const uint8_t* send, const std::vector<int64_t>& send_bytes, uint8_t* recv,
+                                       const std::vector<int64_t>& recv_bytes) {
+  TORCH_CHECK(static_cast<int>(send_bytes.size()) == size_ && static_cast<int>(recv_bytes.size()) == size_,
+              "SharedMemoryTransport::all_to_all: ", send_bytes.size(), " send and ", recv_bytes.size(),
+              " receive sizes for ", size_, " members");
+  std::vector<int64_t> send_at(size_ + 1, 0), recv_at(size_ + 1, 0);
+  for (int r = 0; r < size_; ++r) {
+    send_at[r + 1] = send_at[r] + send_bytes[r];
+    recv_at[r + 1] = recv_at[r] + recv_bytes[r];
+  }
+  // This member's own piece never enters the segment.
+  std::memcpy(recv + recv_at[rank_], send + send_at[rank_], static_cast<size_t>(send_bytes[rank_]));
+  // A slot: a 64-byte header (this member's largest piece, sent or received), then one
+  // cache-line-aligned sub-slot per receiver. Every member must run the same rounds:
+  // the first round's headers tell each the largest piece of all.
+  constexpr int64_t kHeader = 64;
+  const int64_t sub = (options_.slot_bytes - kHeader) / size_ / 64 * 64;
+  int64_t largest = 0;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) largest = std::max({largest, send_bytes[r], recv_bytes[r]});
+  int64_t rounds = 1;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t offset = round * sub;
+    const int64_t set = publish([&](uint8_t* mine) {
+      std::memcpy(mine, &largest, sizeof(largest));
+      for (int to = 0; to < size_; ++to) {
+        const int64_t n = std::clamp<int64_t>(send_bytes[to] - offset, 0, sub);
+        if (to != rank_ && n > 0)
+          std::memcpy(mine + kHeader + to * sub, send + send_at[to] + offset, static_cast<size_t>(n));
+      }
+    });
+    if (round == 0) {
+      int64_t most = 0;
+      for (int r = 0; r < size_; ++r) {
+        int64_t theirs = 0;
+        std::memcpy(&theirs, slot(set, r), sizeof(theirs));
+        most = std::max(most, theirs);
+      }
+      rounds = std::max<int64_t>(1, (most + sub - 1) / sub);
+    }
+    for (int from = 0; from < size_; ++from) {
+      const int64_t n = std::clamp<int64_t>(recv_bytes[from] - offset, 0, sub);
+      if (from != rank_ && n > 0)
+        std::memcpy(recv + recv_at[from] + offset, slot(set, from) + kHeader + rank_ * sub, static_cast<size_t>(n));
+    }
+  }
 }
 
 torch::Tensor SharedMemoryTransport::reduce_scatter(const torch::Tensor& full, int64_t begin, int64_t length,

@@ -84,8 +84,35 @@ std::vector<int> Topology::dp_group_ranks(int rank, int world_size, int tp_size)
   return ranks;
 }
 
+void Topology::validate_ep(int world_size, int tp_size, int ep_size) {
+  validate(world_size, tp_size);
+  const int dp = world_size / tp_size;
+  if (ep_size < 1 || dp % ep_size != 0)
+    throw_user_error("autoep_size {} does not divide world size / autotp_size = {} (allowed: {})", ep_size, dp,
+                     fmt::join(divisors(dp), ", "));
+}
+
+std::vector<int> Topology::ep_group_ranks(int rank, int world_size, int tp_size, int ep_size) {
+  validate_ep(world_size, tp_size, ep_size);
+  const auto [dp_rank, tp_rank] = coordinates(rank, tp_size);
+  std::vector<int> ranks;
+  const int first = dp_rank / ep_size * ep_size;
+  for (int e = 0; e < ep_size; ++e) ranks.push_back((first + e) * tp_size + tp_rank);
+  return ranks;
+}
+
+std::vector<int> Topology::edp_group_ranks(int rank, int world_size, int tp_size, int ep_size) {
+  validate_ep(world_size, tp_size, ep_size);
+  const auto [dp_rank, tp_rank] = coordinates(rank, tp_size);
+  std::vector<int> ranks;
+  for (int d = dp_rank % ep_size; d < world_size / tp_size; d += ep_size) ranks.push_back(d * tp_size + tp_rank);
+  return ranks;
+}
+
 Topology::~Topology() {
   const bool unwinding = std::uncaught_exceptions() > 0;
+  edp_.reset();
+  ep_.reset();
   dp_.reset();
   tp_.reset();
   world_.reset();
@@ -97,11 +124,12 @@ std::shared_ptr<Topology> Topology::single() {
   topology->world_ = solo(0, "world");
   topology->tp_ = solo(0, "tp");
   topology->dp_ = solo(0, "dp");
+  topology->ep_ = solo(0, "ep");
   return topology;
 }
 
 std::shared_ptr<Topology> Topology::create(const DistEnv& env, const TopologyOptions& options) {
-  validate(env.world_size, options.tp_size);
+  validate_ep(env.world_size, options.tp_size, options.ep_size);
   if (env.world_size == 1) return single();
   StoreOptions store_options;
   store_options.timeout = options.timeout;
@@ -110,7 +138,7 @@ std::shared_ptr<Topology> Topology::create(const DistEnv& env, const TopologyOpt
 
 std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::Store> store, int rank,
                                                       int world_size, const TopologyOptions& options) {
-  validate(world_size, options.tp_size);
+  validate_ep(world_size, options.tp_size, options.ep_size);
   TORCH_CHECK(rank >= 0 && rank < world_size, "Topology: rank ", rank, " outside world of ", world_size);
   if (world_size == 1) return single();
 
@@ -152,17 +180,49 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
     topology->tp_ = std::make_unique<Comm>(group, tp_group_ranks(rank, world_size, tp_size), "tp", options.backend);
     attach_shared_memory(*topology->tp_, options, store, prefix);
   }
+  c10::intrusive_ptr<c10d::ProcessGroup> dp_group;  // kept for an ep group that spans dp
   if (dp_size == 1) {
     topology->dp_ = solo(rank, "dp");
   } else if (dp_size == world_size) {
+    dp_group = world_group;
     topology->dp_ = std::make_unique<Comm>(world_group, all, "dp", options.backend);
     topology->dp_->share_lane_with(*topology->world_);
     if (topology->world_->uses_shared_memory()) topology->dp_->use_shared_memory(topology->world_->shared_memory());
   } else {
     const std::string prefix = fmt::format("dp/{}", tp_rank);
     auto group = opened(open_group(options, store, prefix, dp_rank, dp_size, rank));
+    dp_group = group;
     topology->dp_ = std::make_unique<Comm>(group, dp_group_ranks(rank, world_size, tp_size), "dp", options.backend);
     attach_shared_memory(*topology->dp_, options, store, prefix);
+  }
+  // Expert parallelism: the ep group (after dp, every rank in the same order), then the edp group.
+  const int ep_size = options.ep_size;
+  topology->ep_size_ = ep_size;
+  const int ep_rank = dp_rank % ep_size, edp_rank = dp_rank / ep_size;
+  if (ep_size == 1) {
+    topology->ep_ = solo(rank, "ep");
+  } else if (ep_size == dp_size) {  // the dp group itself: its process group, transport and lane
+    topology->ep_ = std::make_unique<Comm>(dp_group, topology->dp_->global_ranks(), "ep", options.backend);
+    topology->ep_->share_lane_with(*topology->dp_);
+    if (topology->dp_->uses_shared_memory()) topology->ep_->use_shared_memory(topology->dp_->shared_memory());
+    topology->edp_ = solo(rank, "edp");
+  }
+  if (ep_size > 1 && ep_size < dp_size) {
+    const std::string ep_prefix = fmt::format("ep/{}/{}", tp_rank, edp_rank);
+    auto ep_group = opened(open_group(options, store, ep_prefix, ep_rank, ep_size, rank));
+    topology->ep_ = std::make_unique<Comm>(ep_group, ep_group_ranks(rank, world_size, tp_size, ep_size), "ep",
+                                           options.backend);
+    attach_shared_memory(*topology->ep_, options, store, ep_prefix);
+    const int edp_size = dp_size / ep_size;
+    if (edp_size == 1) {
+      topology->edp_ = solo(rank, "edp");
+    } else {
+      const std::string edp_prefix = fmt::format("edp/{}/{}", tp_rank, ep_rank);
+      auto edp_group = opened(open_group(options, store, edp_prefix, edp_rank, edp_size, rank));
+      topology->edp_ = std::make_unique<Comm>(edp_group, edp_group_ranks(rank, world_size, tp_size, ep_size), "edp",
+                                              options.backend);
+      attach_shared_memory(*topology->edp_, options, store, edp_prefix);
+    }
   }
   log().debug("topology: rank {} of {} -> dp {} of {}, tp {} of {}, shared-memory all-reduce {}", rank, world_size,
               dp_rank, dp_size, tp_rank, tp_size, topology->world_->uses_shared_memory() ? "on" : "off");

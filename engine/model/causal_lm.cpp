@@ -13,6 +13,7 @@
 #include "autotp/arch/layer_names.h"
 #include "autotp/comm/autograd_collectives.h"
 #include "autotp/model/attention.h"
+#include "autotp/model/expert_dispatch.h"
 #include "autotp/model/fused_experts.h"
 #include "autotp/model/rms_norm.h"
 #include "autotp/base/error.h"
@@ -243,7 +244,9 @@ CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType 
               tp_.size(), " ranks");
   bool lora = false;
   for (const auto& e : plan_.entries()) lora = lora || e.adapter;
+  experts_.num_experts = config_.num_experts;
   for (const auto& e : plan_.entries()) {
+    if (e.remote) continue;  // another expert-parallel rank holds it
     Parameter p;
     p.entry = &e;
     // LoRA factors are fp32 whatever the model dtype (PEFT's default), zero until
@@ -259,6 +262,19 @@ CausalLM::CausalLM(ModelConfig config, TpPlan plan, Comm& tp, torch::ScalarType 
 }
 
 CausalLM::~CausalLM() = default;
+
+void CausalLM::set_expert_parallel(const ExpertPlacement& placement, Comm& ep) {
+  TORCH_CHECK(placement.ep_size == ep.size() && placement.ep_rank == ep.rank() &&
+                  placement.num_experts == config_.num_experts,
+              "CausalLM::set_expert_parallel: placement ep ", placement.ep_rank, " of ", placement.ep_size, " over ",
+              placement.num_experts, " experts for an ep group rank ", ep.rank(), " of ", ep.size(), " and ",
+              config_.num_experts, " experts");
+  for (const auto& e : plan_.entries())
+    TORCH_CHECK(e.expert < 0 || e.remote != placement.owns(e.expert), "CausalLM::set_expert_parallel: the plan was ",
+                "not placed for ep rank ", placement.ep_rank, " (", e.desc.name, ")");
+  experts_ = placement;
+  ep_ = &ep;
+}
 
 Parameter& CausalLM::parameter(const std::string& name) {
   auto it = index_.find(name);
@@ -308,6 +324,12 @@ LoadReport CausalLM::load(const io::CheckpointReader& checkpoint) {
   for (const auto& n : checkpoint.names()) unused.insert(n);
   const std::string prefix = config_.base_prefix();
   std::vector<std::string> missing;
+  for (const auto& e : plan_.entries()) {  // other ep ranks' experts: theirs to read
+    if (!e.remote) continue;
+    unused.erase(e.desc.name);
+    if (e.desc.name.rfind(prefix, 0) == 0) unused.erase(e.desc.name.substr(prefix.size()));
+    unused.erase(transformers5_module_name(e.desc.name));
+  }
   for (auto& p : params_) {
     if (p.entry->adapter) continue;  // not part of an HF model (lora_weights.h loads adapters)
     const auto& d = p.entry->desc;
@@ -587,7 +609,7 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   const int64_t hidden = h_in.size(-1);
   // Split experts: every rank routes every token and runs its part of each expert;
   // the weighted sum of the parts is reduced once for the block.
-  const bool split = is_split(*find(config_.expert_module(layer, 0, 0) + ".weight")->entry);
+  const bool split = is_split(*find(config_.expert_module(layer, experts_.first(), 0) + ".weight")->entry);
   const torch::Tensor block_in = enter_block(h_in, split);  // the whole sequence under sequence parallelism
   const torch::Tensor x = block_in.reshape({-1, hidden});
   const Parameter* router = find(block + "gate.weight");
@@ -598,16 +620,23 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   if (router_aux_) router_aux_->record(layer, selected, probs, config_.num_experts);
   if (config_.norm_topk_prob) weights = weights / weights.sum(-1, true);
   weights = weights.to(x.scalar_type());
-  // Every expert runs, on its tokens (possibly none: its gradient is then zero, not missing).
-  torch::Tensor out = torch::zeros_like(x);
-  for (int64_t e = 0; e < config_.num_experts; ++e) {
-    const auto where = (selected == e).nonzero();  // [tokens, 2]: token, slot
-    const auto tokens = where.select(1, 0), slots = where.select(1, 1);
-    const auto xe = x.index_select(0, tokens);
+  auto expert = [&](int64_t e, const torch::Tensor& xe) {
     auto ye = mlp_activation(F::linear(xe, tensor(config_.expert_module(layer, e, 0) + ".weight"))) *
               F::linear(xe, tensor(config_.expert_module(layer, e, 1) + ".weight"));
-    ye = torch::matmul(ye, tensor(config_.expert_module(layer, e, 2) + ".weight").t());
-    out = out.index_add(0, tokens, ye * weights.index({tokens, slots}).unsqueeze(-1));
+    return torch::matmul(ye, tensor(config_.expert_module(layer, e, 2) + ".weight").t());
+  };
+  torch::Tensor out;
+  if (ep_ && experts_.ep_size > 1) {
+    out = dispatch_to_experts(x, selected, weights, experts_, *ep_,
+                              [&](int64_t local, const torch::Tensor& rows) { return expert(experts_.first() + local, rows); });
+  } else {
+    // Every expert runs, on its tokens (possibly none: its gradient is then zero, not missing).
+    out = torch::zeros_like(x);
+    for (int64_t e = 0; e < config_.num_experts; ++e) {
+      const auto where = (selected == e).nonzero();  // [tokens, 2]: token, slot
+      const auto tokens = where.select(1, 0), slots = where.select(1, 1);
+      out = out.index_add(0, tokens, expert(e, x.index_select(0, tokens)) * weights.index({tokens, slots}).unsqueeze(-1));
+    }
   }
   if (config_.shared_expert_intermediate_size > 0) {  // Qwen2-MoE: every token, behind a sigmoid gate
     const std::string s = block + "shared_expert.";
@@ -633,6 +662,13 @@ double CausalLM::router_aux_loss(double gradient_weight) {
   const double loss = experts * (counts / rows * (sums / rows)).sum().item<double>();
   router_aux_->grad_per_prob.copy_(counts * (gradient_weight * experts / (rows * rows)));
   return loss;
+}
+
+torch::Tensor CausalLM::expert_token_counts() const {
+  if (!router_aux_ || router_aux_->selections.empty()) return {};
+  std::vector<torch::Tensor> rows;
+  for (const auto& [layer, counts] : router_aux_->selections) rows.push_back(counts);
+  return torch::stack(rows);
 }
 
 torch::Tensor CausalLM::gpt2_layer(int64_t layer, const torch::Tensor& x) {

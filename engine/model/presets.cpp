@@ -33,6 +33,20 @@ json llama_config(const std::string& arch, int64_t vocab, int64_t hidden, int64_
           {"torch_dtype", "float32"}};
 }
 
+// Mixtral: top-2 of `experts` experts of width `expert_width`, the load-balancing loss on.
+json mixtral_config(int64_t vocab, int64_t hidden, int64_t expert_width, int64_t layers, int64_t heads, int64_t kv,
+                    int64_t experts, double aux_loss_coef) {
+  json c = llama_config("MixtralForCausalLM", vocab, hidden, expert_width, layers, heads, kv, false, "mixtral");
+  c.erase("attention_bias");
+  c["num_local_experts"] = experts;
+  c["num_experts_per_tok"] = 2;
+  c["output_router_logits"] = true;
+  c["router_aux_loss_coef"] = aux_loss_coef;
+  c["router_jitter_noise"] = 0.0;
+  c["sliding_window"] = nullptr;
+  return c;
+}
+
 // Gemma 2 / 3 of 3 layers (vocab 259, hidden 64, intermediate 150, 2 kv heads, sliding window 4).
 json gemma_config(const std::string& arch, const std::string& model_type, int64_t heads, int64_t head_dim,
                   double query_pre_attn_scalar) {
@@ -148,14 +162,7 @@ std::vector<Preset> make_presets() {
   list.push_back({"gemma3-tiny", "Gemma 3 text (q/k norms, 2 local layers : 1 global), 6 heads, 2 kv heads", gemma3});
   // Mixture of experts, uneven at tp 3 and 4 (expert widths 74, 38, 42; shared 58),
   // the load-balancing loss on with a coefficient large enough to matter.
-  json mixtral = llama_config("MixtralForCausalLM", 259, 72, 74, 2, 6, 2, false, "mixtral");
-  mixtral.erase("attention_bias");
-  mixtral["num_local_experts"] = 5;
-  mixtral["num_experts_per_tok"] = 2;
-  mixtral["output_router_logits"] = true;
-  mixtral["router_aux_loss_coef"] = 0.05;
-  mixtral["router_jitter_noise"] = 0.0;
-  mixtral["sliding_window"] = nullptr;
+  json mixtral = mixtral_config(259, 72, 74, 2, 6, 2, 5, 0.05);
   list.push_back({"mixtral-tiny", "Mixtral (5 experts of width 74, top-2, load-balancing loss 0.05), 6 heads, 2 kv "
                   "heads", mixtral});
   json qwen2_moe = llama_config("Qwen2MoeForCausalLM", 259, 64, 150, 3, 4, 2, false, "qwen2_moe");
@@ -185,6 +192,10 @@ std::vector<Preset> make_presets() {
   qwen3_moe["router_aux_loss_coef"] = 0.05;
   list.push_back({"qwen3-moe-tiny", "Qwen3-MoE (q/k norms; layer 1 sparse: 5 experts of width 42, top-3, "
                   "renormalised), 6 heads, 2 kv heads", qwen3_moe});
+  // Expert parallelism's benchmark: llama-small's attention with 8 experts of width 512 (top-2).
+  json mixtral_small = mixtral_config(8000, 512, 512, 4, 8, 4, 8, 0.02);
+  list.push_back({"mixtral-small", "Mixtral for expert-parallel benchmarks (hidden 512, 4 layers, GQA 8/4, 8 experts "
+                  "of width 512, top-2)", mixtral_small});
   list.push_back({"mistral-tiny", "Mistral, 8 heads, 2 kv heads, vocab 259",
                   llama_config("MistralForCausalLM", 259, 64, 160, 2, 8, 2, false, "mistral")});
   list.push_back({"gpt2-tiny", "GPT-2, 6 heads, vocab 259 not divisible by 4, tied LM head",

@@ -79,7 +79,11 @@ StepCommVolume analytic_step_comm_volume(CausalLM& model, const TrainConfig& con
   if (d > 1) {
     GroupVolume& dp = v.dp;
     dp.all_reduce.add(1, 16);  // Trainer: target tokens of the global batch (2 x double)
-    dp.all_reduce.add(1, 16);  // Trainer: loss and load-balancing loss sums (2 x double)
+    // Trainer: loss and load-balancing loss sums (2 x double), and a mixture of
+    // experts' routing counts (sparse layers x experts doubles).
+    int64_t sparse = 0;
+    for (int64_t l = 0; l < mc.num_layers; ++l) sparse += mc.is_sparse(l) ? 1 : 0;
+    dp.all_reduce.add(1, 16 + 8 * sparse * mc.num_experts);
     ZeroStepShape zs;
     zs.num_layers = mc.num_layers;
     zs.gradient_accumulation_steps = G;
@@ -88,8 +92,13 @@ StepCommVolume analytic_step_comm_volume(CausalLM& model, const TrainConfig& con
     zs.tied_embeddings = mc.tie_word_embeddings;
     zs.reduce_bucket_size = config.zero.reduce_bucket_size;
     zs.allgather_bucket_size = config.zero.allgather_bucket_size;
-    const FlatLayout layout =
-        zero_layout(model.plan(), shape.tp_rank, d, stage, config.zero.stage3_param_persistence_threshold);
+    // Under expert parallelism the routed experts are reduced over the edp group
+    // (another Comm, not in this volume): dp carries the other tensors.
+    std::vector<const PlanEntry*> over_dp;
+    for (const auto& e : model.plan().entries())
+      if (config.expert_parallel.size() == 1 || e.expert < 0) over_dp.push_back(&e);
+    const FlatLayout layout = zero_layout(over_dp, ZeroUnits{mc.num_layers}, shape.tp_rank, d, stage,
+                                          config.zero.stage3_param_persistence_threshold);
     for (const auto& c : zero_step_collectives(layout, zs)) {
       CollectiveVolume& target = c.op == ZeroCollective::Op::kAllReduce  ? dp.all_reduce
                                  : c.op == ZeroCollective::Op::kAllGather ? dp.all_gather

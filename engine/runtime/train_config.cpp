@@ -24,6 +24,7 @@ const std::vector<std::string> kTopKeys = {"train_batch_size",
                                            "fp16",
                                            "zero_optimization",
                                            "tensor_parallel",
+                                           "expert_parallel",
                                            "activation_checkpointing",
                                            "lora",
                                            "seed",
@@ -62,6 +63,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& source) {
     top.fail("bf16.enabled and fp16.enabled are both true (allowed: at most one mixed-precision mode)");
   c.zero = ZeroConfig::read(top);
   c.tensor_parallel = TensorParallelConfig::read(top);
+  c.expert_parallel = ExpertParallelConfig::read(top);
   if (!c.tensor_parallel.dtype.empty()) {
     // DeepSpeed casts the model to tensor_parallel.dtype; autotp trains in the dtype bf16 / fp16 choose.
     const std::string d = c.tensor_parallel.dtype;
@@ -174,6 +176,7 @@ json TrainConfig::to_json() const {
   j["fp16"] = fp16.to_json();
   j["zero_optimization"] = zero.to_json();
   j["tensor_parallel"] = tensor_parallel.to_json();
+  if (expert_parallel.enabled) j["expert_parallel"] = expert_parallel.to_json();
   j["activation_checkpointing"] = activation_checkpointing.to_json();
   if (lora.enabled) j["lora"] = lora.to_json();
   j["seed"] = seed;

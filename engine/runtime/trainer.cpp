@@ -44,6 +44,8 @@ nlohmann::json StepMetrics::to_json() const {
   }
   if (loss_scale != 1) j["loss_scale"] = loss_scale;
   if (router_aux_loss != 0) j["router_aux_loss"] = router_aux_loss;
+  if (!expert_tokens_max.empty())
+    j["expert_tokens"] = {{"max", expert_tokens_max}, {"mean", expert_tokens_mean}};
   return j;
 }
 
@@ -133,13 +135,17 @@ StepMetrics Trainer::train_step() {
 }
 
 double Trainer::comm_seconds() const {
-  return topology_->tp().stats().seconds + topology_->dp().stats().seconds +
-         topology_->world().stats().seconds;
+  double s = topology_->tp().stats().seconds + topology_->dp().stats().seconds + topology_->world().stats().seconds;
+  // Expert parallelism: the token exchange (ep) and the experts' reductions (edp).
+  if (topology_->ep_size() > 1) s += topology_->ep().stats().seconds + topology_->edp().stats().seconds;
+  return s;
 }
 
 double Trainer::async_comm_seconds() const {
-  return topology_->tp().stats().async_seconds + topology_->dp().stats().async_seconds +
-         topology_->world().stats().async_seconds;
+  double s = topology_->tp().stats().async_seconds + topology_->dp().stats().async_seconds +
+             topology_->world().stats().async_seconds;
+  if (topology_->ep_size() > 1) s += topology_->ep().stats().async_seconds + topology_->edp().stats().async_seconds;
+  return s;
 }
 
 torch::Tensor Trainer::global_target_tokens(const std::vector<Batch>& micro_batches) {
@@ -152,6 +158,7 @@ torch::Tensor Trainer::global_target_tokens(const std::vector<Batch>& micro_batc
 
 std::pair<double, double> Trainer::forward_backward(const std::vector<Batch>& micro_batches, double total_tokens) {
   optimizer_->begin_step();
+  expert_counts_ = torch::Tensor();
   const double scale = optimizer_->loss_scale();
   double loss_sum = 0, aux_sum = 0;
   // Micro-batch j of dp rank r holds samples (j * dp + r) * micro_batch onwards of
@@ -177,6 +184,8 @@ std::pair<double, double> Trainer::forward_backward(const std::vector<Batch>& mi
     if (model_->config().router_aux_loss_enabled())
       aux_sum += model_->router_aux_loss(scale * model_->config().router_aux_loss_coef /
                                          static_cast<double>(micro_batches.size() * dp));
+    if (const torch::Tensor counts = model_->expert_token_counts(); counts.defined())
+      expert_counts_ = expert_counts_.defined() ? expert_counts_ + counts : counts;
     tp_before = tp.stats().seconds;
     publish_phase("backward", steps_done_ + 1);
     (sum * (scale / total_tokens)).backward();
@@ -237,7 +246,9 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   clock.mark();
   const double comm_after_backward = comm_seconds();
   // The loss is summed before the update: a non-finite one must not update the weights.
+  // A mixture of experts' routing counts travel in the same all-reduce.
   auto loss = torch::tensor({loss_sum, aux_sum}, torch::kFloat64);
+  if (expert_counts_.defined()) loss = torch::cat({loss, expert_counts_.flatten()});
   topology_->dp().all_reduce(loss);
   const bool loss_finite = std::isfinite(loss[0].item<double>()) && std::isfinite(loss[1].item<double>());
   // The schedule advances only on applied steps (DeepSpeed skips it after an fp16 overflow).
@@ -259,6 +270,13 @@ StepMetrics Trainer::train_step(const std::vector<Batch>& micro_batches) {
   m.router_aux_loss =
       loss[1].item<double>() / static_cast<double>(micro_batches.size() * topology_->dp_size());
   m.loss = loss[0].item<double>() / total_tokens + model_->config().router_aux_loss_coef * m.router_aux_loss;
+  if (expert_counts_.defined()) {
+    const torch::Tensor counts = loss.narrow(0, 2, expert_counts_.numel()).view(expert_counts_.sizes());
+    for (int64_t l = 0; l < counts.size(0); ++l) {
+      m.expert_tokens_max.push_back(counts[l].max().item<double>());
+      m.expert_tokens_mean.push_back(counts[l].mean().item<double>());
+    }
+  }
   m.grad_norm = outcome.grad_norm;
   m.lr = lr;
   m.loss_scale = config_.fp16.enabled ? outcome.loss_scale : 1;

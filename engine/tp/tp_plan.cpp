@@ -527,6 +527,17 @@ void mark_sequence_parallel_grads(std::vector<PlanEntry>& entries) {
 
 }  // namespace
 
+namespace {
+// A routed expert's tensor ("...experts.5.w1.weight": 5), -1 for any other (the shared expert included).
+int64_t routed_expert_of(const ParamDesc& d) {
+  if (std::find(d.axes.begin(), d.axes.end(), Axis::kExpertIntermediate) == d.axes.end()) return -1;
+  const std::string marker = ".experts.";
+  const size_t at = d.name.rfind(marker);
+  TORCH_INTERNAL_ASSERT(at != std::string::npos, "expert tensor without an expert index: ", d.name);
+  return std::stoll(d.name.substr(at + marker.size()));
+}
+}  // namespace
+
 TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
   const int tp = options.tp_size;
   AUTOTP_USER_CHECK(tp >= 1, "autotp_size must be at least 1, got {}", tp);
@@ -537,6 +548,7 @@ TpPlan TpPlan::build(const ModelConfig& config, const TpPlanOptions& options) {
   for (const auto& d : describe_parameters(config)) {
     PlanEntry e;
     e.desc = d;
+    e.expert = routed_expert_of(d);
     const LayerSpec* user = match_user_spec(d, options, sources, e);
     if (!user && d.kind == ParamKind::kBias) {
       // A bias follows its weight: split with a column layer, whole after a row layer's reduce.
@@ -572,6 +584,12 @@ const PlanEntry& TpPlan::entry(const std::string& name) const {
   return entries_[it->second];
 }
 
+void TpPlan::set_remote(const std::string& name, bool remote) {
+  auto it = index_.find(name);
+  TORCH_CHECK(it != index_.end(), "TpPlan::set_remote: no parameter named '", name, "'");
+  entries_[it->second].remote = remote;
+}
+
 void TpPlan::set_frozen(const std::string& name, bool frozen) {
   auto it = index_.find(name);
   TORCH_CHECK(it != index_.end(), "TpPlan::set_frozen: no parameter named '", name, "'");
@@ -590,7 +608,8 @@ void TpPlan::insert_after(const std::string& anchor, std::vector<PlanEntry> entr
 std::vector<int64_t> TpPlan::rank_bytes(int64_t element_size) const {
   std::vector<int64_t> bytes(tp_size_, 0);
   for (const auto& e : entries_)
-    for (int r = 0; r < tp_size_; ++r) bytes[r] += e.spec.local_numel(r) * element_size;
+    if (!e.remote)
+      for (int r = 0; r < tp_size_; ++r) bytes[r] += e.spec.local_numel(r) * element_size;
   return bytes;
 }
 
@@ -608,6 +627,7 @@ std::string TpPlan::table() const {
     if (e.spec.has_overlap() && !e.spec.is_replicated()) shard_text += " (kv heads shared)";
     if (e.partial_grad && e.adapter) shard_text += " (grad summed over tp)";
     if (e.frozen) shard_text += " frozen";
+    if (e.remote) shard_text = "held by another ep rank";
     out += fmt::format("{:<48} {:<10} {:<14} {:<40} {}\n", e.desc.name, tp_role_name(e.role),
                        shape_str(e.desc.shape), shard_text, e.source);
   }

@@ -15,8 +15,8 @@ InFlight GradStore::notifying(InFlight flight, int unit, torch::Tensor reduced) 
   return flight;
 }
 
-FlatGrads::FlatGrads(HeldParams& held, Topology& topo, UnitCollectives& comm, bool fp32_accumulation)
-    : held_(held), topo_(topo), comm_(comm), fp32_accum_(fp32_accumulation) {}
+FlatGrads::FlatGrads(HeldParams& held, Comm& tp, UnitCollectives& comm, bool fp32_accumulation)
+    : held_(held), tp_(tp), comm_(comm), fp32_accum_(fp32_accumulation) {}
 
 void FlatGrads::begin_step() {
   torch::NoGradGuard no_grad;
@@ -59,7 +59,7 @@ void FlatGrads::sum_over_tp() {
   for (size_t i = 0; i < held_.params.size(); ++i) {
     const Parameter& p = *held_.params[i];
     auto local = acc.narrow(0, held_.layout.offsets[i], held_.layout.numels[i]).view(p.spec().local_shape(held_.tp_rank));
-    sum_partial_grads(*p.entry, local, topo_.tp());
+    sum_partial_grads(*p.entry, local, tp_);
   }
 }
 
@@ -69,7 +69,7 @@ void AllReducedGrads::reduce_for_step() {
   const int64_t padded = held_.layout.padded, bucket = comm_.reduce_bucket();
   for (int64_t offset = 0; offset < padded; offset += bucket) {
     auto chunk = acc.narrow(0, offset, std::min(bucket, padded - offset));
-    topo_.dp().all_reduce(chunk);
+    comm_.dp().all_reduce(chunk);
   }
 }
 
@@ -88,9 +88,9 @@ void StepScatteredGrads::reduce_for_step() {
   comm_.finish(0);
 }
 
-BackwardScatteredGrads::BackwardScatteredGrads(HeldParams& held, Topology& topo, UnitCollectives& comm,
+BackwardScatteredGrads::BackwardScatteredGrads(HeldParams& held, Comm& tp, UnitCollectives& comm,
                                                bool fp32_accumulation)
-    : held_(held), topo_(topo), comm_(comm), fp32_accum_(fp32_accumulation) {}
+    : held_(held), tp_(tp), comm_(comm), fp32_accum_(fp32_accumulation) {}
 
 void BackwardScatteredGrads::begin_step() {
   torch::NoGradGuard no_grad;
@@ -122,7 +122,7 @@ void BackwardScatteredGrads::reduce_unit(int unit) {
   torch::Tensor only = members.size() == 1 ? held_.params[members[0]]->tensor.grad() : torch::Tensor();
   if (only.defined() && only.is_contiguous() && only.numel() == u.length && only.scalar_type() == low) {
     // A one-tensor unit without padding (an embedding, an LM head): its gradient is the bucket.
-    sum_partial_grads(*held_.params[members[0]]->entry, only, topo_.tp());
+    sum_partial_grads(*held_.params[members[0]]->entry, only, tp_);
     buffer = only.view({-1});
     held_.params[members[0]]->tensor.mutable_grad().reset();
   } else {
@@ -130,7 +130,7 @@ void BackwardScatteredGrads::reduce_unit(int unit) {
     for (size_t i : members) {
       torch::Tensor grad = held_.params[i]->tensor.mutable_grad();
       if (!grad.defined()) continue;
-      sum_partial_grads(*held_.params[i]->entry, grad, topo_.tp());
+      sum_partial_grads(*held_.params[i]->entry, grad, tp_);
       buffer.narrow(0, held_.layout.offsets[i] - u.begin, held_.layout.numels[i]).copy_(grad.reshape({-1}));
       held_.params[i]->tensor.mutable_grad().reset();
     }

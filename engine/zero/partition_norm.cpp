@@ -61,14 +61,22 @@ PartitionNorm::PartitionNorm(const std::vector<const ShardSpec*>& specs, const F
   }
 }
 
-double PartitionNorm::global_norm(const PartitionGrads& grads, Comm& world, bool skip, double loss_scale,
-                                  const torch::Device& device) const {
+torch::Tensor PartitionNorm::local_sum_of_squares(const PartitionGrads& grads, const torch::Device& device) const {
   auto sumsq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
   for (const auto& [begin, length] : ranges_) sumsq.add_(sum_of_squares(grads(begin, length)));
+  return sumsq;
+}
+
+double PartitionNorm::world_norm(torch::Tensor sumsq, Comm& world, bool skip, double loss_scale) {
   if (skip) sumsq.fill_(std::numeric_limits<double>::quiet_NaN());
   world.all_reduce(sumsq);
   // Loss scales are powers of two: unscaling the norm equals the norm of unscaled gradients.
   return std::sqrt(sumsq.item<double>()) / loss_scale;
+}
+
+double PartitionNorm::global_norm(const PartitionGrads& grads, Comm& world, bool skip, double loss_scale,
+                                  const torch::Device& device) const {
+  return world_norm(local_sum_of_squares(grads, device), world, skip, loss_scale);
 }
 
 int64_t PartitionNorm::first_non_finite(const PartitionGrads& grads,

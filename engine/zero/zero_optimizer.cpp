@@ -9,19 +9,14 @@
 namespace autotp {
 namespace {
 
-std::vector<Parameter*> held(ShardedModel& model, bool frozen) {
-  std::vector<Parameter*> out;
-  for (auto& p : model.parameters())
-    if (p.entry->frozen == frozen) out.push_back(&p);
-  return out;
-}
-
-std::unique_ptr<HeldParams> hold(std::vector<Parameter*> params, const ZeroUnits& units, const Topology& topo,
+std::unique_ptr<HeldParams> hold(std::vector<Parameter*> params, const ZeroUnits& units, const ZeroGroups& groups,
                                  int stage, int64_t persistence_threshold, torch::TensorOptions options) {
   std::vector<const PlanEntry*> entries;
   for (const Parameter* p : params) entries.push_back(p->entry);
-  FlatLayout layout = zero_layout(entries, units, topo.tp_rank(), topo.dp_size(), stage, persistence_threshold);
-  return std::make_unique<HeldParams>(std::move(params), std::move(layout), topo.tp_rank(), topo.dp_rank(), options);
+  FlatLayout layout =
+      zero_layout(entries, units, groups.tp->rank(), groups.dp->size(), stage, persistence_threshold);
+  return std::make_unique<HeldParams>(std::move(params), std::move(layout), groups.tp->rank(), groups.dp->rank(),
+                                      options);
 }
 
 torch::ScalarType held_dtype(const std::vector<Parameter*>& params, torch::ScalarType fallback) {
@@ -35,26 +30,72 @@ torch::ScalarType held_dtype(const std::vector<Parameter*>& params, torch::Scala
 
 }  // namespace
 
+bool ZeroOptimizer::holds(const Parameter& p) const {
+  switch (set_) {
+    case HeldSet::kAll:
+      return true;
+    case HeldSet::kDense:
+      return p.entry->expert < 0;
+    case HeldSet::kExperts:
+      return p.entry->expert >= 0;
+  }
+  return true;
+}
+
+std::vector<Parameter*> ZeroOptimizer::held(bool frozen) const {
+  std::vector<Parameter*> out;
+  for (auto& p : model_.parameters())
+    if (p.entry->frozen == frozen && holds(p)) out.push_back(&p);
+  return out;
+}
+
 ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const ZeroSettings& config)
+    : ZeroOptimizer(model, ZeroGroups{&topology.tp(), &topology.dp(), &topology.world()}, config,
+                    topology.ep_size() > 1 ? HeldSet::kDense : HeldSet::kAll) {
+  if (topology.ep_size() > 1)
+    experts_.reset(new ZeroOptimizer(model, ZeroGroups{&topology.tp(), &topology.edp(), &topology.world()}, config,
+                                     HeldSet::kExperts));
+  if (stage_ < 2) return;
+  UseHooks hooks = make_hooks();
+  if (experts_) {
+    // Both optimizers around every use: this one's units, then the experts'.
+    UseHooks theirs = experts_->make_hooks();
+    auto both = [](std::function<void(int64_t)> a, std::function<void(int64_t)> b) -> std::function<void(int64_t)> {
+      if (!a || !b) return a ? a : b;
+      return [a, b](int64_t use) {
+        a(use);
+        b(use);
+      };
+    };
+    hooks.before_forward = both(hooks.before_forward, theirs.before_forward);
+    hooks.after_forward = both(hooks.after_forward, theirs.after_forward);
+    hooks.before_backward = both(hooks.before_backward, theirs.before_backward);
+    hooks.after_backward = both(hooks.after_backward, theirs.after_backward);
+  }
+  model_.set_use_hooks(std::move(hooks));
+}
+
+ZeroOptimizer::ZeroOptimizer(ShardedModel& model, ZeroGroups groups, const ZeroSettings& config, HeldSet set)
     : model_(model),
-      topo_(topology),
+      groups_(groups),
+      set_(set),
       stage_(config.zero.stage),
       clip_(config.gradient_clipping),
-      comm_(topology.dp(), config.zero.reduce_bucket_size, config.zero.allgather_bucket_size,
-            config.zero.overlaps(model.device().is_cuda()) && topology.dp_size() > 1),
+      comm_(*groups.dp, config.zero.reduce_bucket_size, config.zero.allgather_bucket_size,
+            config.zero.overlaps(model.device().is_cuda()) && groups.dp->size() > 1),
       scaler_(config.fp16),
       optimizer_config_(config.optimizer),
       placement_{config.zero.offloads_optimizer(), config.zero.offloads_params()},
       accumulation_steps_(config.gradient_accumulation_steps) {
   torch::NoGradGuard no_grad;
-  std::vector<Parameter*> trained = held(model_, /*frozen=*/false);
+  std::vector<Parameter*> trained = held(/*frozen=*/false);
   low_ = held_dtype(trained, model_.dtype());
   mixed_ = low_ != torch::kFloat32;
   fp32_accum_ = mixed_ && config.gradient_accumulation_steps > 1;
   const auto options = torch::TensorOptions().dtype(low_).device(model_.device());
   const ZeroUnits units{model_.num_layers()};
   const int64_t threshold = config.zero.stage3_param_persistence_threshold;
-  trained_ = hold(std::move(trained), units, topo_, stage_, threshold, options);
+  trained_ = hold(std::move(trained), units, groups_, stage_, threshold, options);
 
   // Uses (embeddings = 0, layer l = l + 1, head = L + 1) and the units each reads / reduces.
   const int64_t L = model_.num_layers();
@@ -73,10 +114,10 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
   if (stage_ == 3) {
     const bool pin = config.zero.offload_param_pin_memory;
     params_ = std::make_unique<Stage3Params>(*trained_, comm_, use_units, prefetch, max_live, placement_.params, pin);
-    std::vector<Parameter*> frozen = held(model_, /*frozen=*/true);
+    std::vector<Parameter*> frozen = held(/*frozen=*/true);
     if (!frozen.empty()) {
       const auto frozen_options = options.dtype(held_dtype(frozen, model_.dtype()));
-      frozen_ = hold(std::move(frozen), units, topo_, stage_, threshold, frozen_options);
+      frozen_ = hold(std::move(frozen), units, groups_, stage_, threshold, frozen_options);
       frozen_params_ =
           std::make_unique<Stage3Params>(*frozen_, comm_, use_units, prefetch, max_live, placement_.params, pin);
     }
@@ -90,22 +131,23 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
   } else {
     std::vector<const PlanEntry*> frozen_entries;
     for (auto& p : model_.parameters())
-      if (!p.trains()) frozen_entries.push_back(p.entry);
+      if (!p.trains() && holds(p)) frozen_entries.push_back(p.entry);
     if (!frozen_entries.empty())
       frozen_analytic_bytes_ = analytic_frozen_bytes(
-          zero_layout(frozen_entries, units, topo_.tp_rank(), topo_.dp_size(), stage_, threshold), model_.dtype());
+          zero_layout(frozen_entries, units, groups_.tp->rank(), groups_.dp->size(), stage_, threshold),
+          model_.dtype());
   }
   if (stage_ <= 1) {
     if (stage_ == 0)
-      grads_ = std::make_unique<AllReducedGrads>(*trained_, topo_, comm_, fp32_accum_);
+      grads_ = std::make_unique<AllReducedGrads>(*trained_, *groups_.tp, comm_, fp32_accum_);
     else
-      grads_ = std::make_unique<StepScatteredGrads>(*trained_, topo_, comm_, fp32_accum_);
+      grads_ = std::make_unique<StepScatteredGrads>(*trained_, *groups_.tp, comm_, fp32_accum_);
   } else {
-    grads_ = std::make_unique<BackwardScatteredGrads>(*trained_, topo_, comm_, fp32_accum_);
+    grads_ = std::make_unique<BackwardScatteredGrads>(*trained_, *groups_.tp, comm_, fp32_accum_);
   }
   std::vector<const ShardSpec*> specs;
   for (const Parameter* p : trained_->params) specs.push_back(&p->spec());
-  norm_ = std::make_unique<PartitionNorm>(specs, trained_->layout, topo_.tp_rank(), topo_.dp_rank());
+  norm_ = std::make_unique<PartitionNorm>(specs, trained_->layout, groups_.tp->rank(), groups_.dp->rank());
   if (placement_.optimizer) {
     // ZeRO-Offload: master, gradient copy and optimizer states in host memory, the update on the CPU.
     const torch::ScalarType grad_dtype = fp32_accum_ ? torch::kFloat32 : low_;
@@ -121,15 +163,14 @@ ZeroOptimizer::ZeroOptimizer(ShardedModel& model, Topology& topology, const Zero
     if (mixed_) master_ = params_->partition(torch::kFloat32);  // an fp32 copy ([padded] at stage 0)
     optimizer_ = std::make_unique<FlatOptimizer>(config.optimizer, trained_->layout.part, model_.device());
   }
-  if (stage_ >= 2) install_hooks();
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
-  if (stage_ >= 2) model_.set_use_hooks({});
-  topo_.dp().wait_all();  // nothing of ours still running on the lane (errors are dropped here)
+  if (stage_ >= 2 && set_ != HeldSet::kExperts) model_.set_use_hooks({});
+  groups_.dp->wait_all();  // nothing of ours still running on the lane (errors are dropped here)
 }
 
-void ZeroOptimizer::install_hooks() {
+UseHooks ZeroOptimizer::make_hooks() {
   UseHooks hooks;
   if (stage_ == 3) {
     auto acquire = [this](int64_t use) {
@@ -164,7 +205,7 @@ void ZeroOptimizer::install_hooks() {
       for (int u : reduce_after_use_.at(use + 1)) grads_->reduce_unit(u);
     };
   }
-  model_.set_use_hooks(std::move(hooks));
+  return hooks;
 }
 
 torch::Tensor ZeroOptimizer::master_at(int64_t begin, int64_t length) const {
@@ -176,6 +217,7 @@ void ZeroOptimizer::gather_all_params(bool frozen) {
   if (stage_ != 3) return;
   params_->gather_all();
   if (frozen && frozen_params_) frozen_params_->gather_all();
+  if (experts_) experts_->gather_all_params(frozen);
 }
 
 void ZeroOptimizer::begin_step() {
@@ -186,6 +228,7 @@ void ZeroOptimizer::begin_step() {
   grads_->begin_step();
   micro_batch_ = 0;
   if (offload_) offload_->begin_step();
+  if (experts_) experts_->begin_step();
 }
 
 void ZeroOptimizer::after_backward() {
@@ -194,6 +237,7 @@ void ZeroOptimizer::after_backward() {
   if (frozen_params_) frozen_params_->after_backward();
   grads_->after_backward();
   ++micro_batch_;
+  if (experts_) experts_->after_backward();
 }
 
 StepOutcome ZeroOptimizer::step(double lr, bool skip) {
@@ -202,8 +246,15 @@ StepOutcome ZeroOptimizer::step(double lr, bool skip) {
   outcome.loss_scale = scaler_.scale();
   comm_.finish(0);  // after_backward completes them; a caller that skipped it must not read half-reduced grads
   grads_->reduce_for_step();
-  const double norm = norm_->global_norm([this](int64_t b, int64_t n) { return grads_at(b, n); }, topo_.world(),
-                                         skip, outcome.loss_scale, model_.device());
+  const PartitionGrads grads = [this](int64_t b, int64_t n) { return grads_at(b, n); };
+  torch::Tensor sumsq = norm_->local_sum_of_squares(grads, model_.device());
+  if (experts_) {
+    experts_->comm_.finish(0);
+    experts_->grads_->reduce_for_step();
+    sumsq.add_(experts_->norm_->local_sum_of_squares(
+        [e = experts_.get()](int64_t b, int64_t n) { return e->grads_at(b, n); }, model_.device()));
+  }
+  const double norm = PartitionNorm::world_norm(sumsq, *groups_.world, skip, outcome.loss_scale);
   outcome.grad_norm = norm;
   const bool overflow = !std::isfinite(norm);
   outcome.non_finite = overflow;
@@ -211,10 +262,16 @@ StepOutcome ZeroOptimizer::step(double lr, bool skip) {
   if (overflow) {
     outcome.skipped = true;
     params_->redistribute(master_);
+    if (experts_) experts_->params_->redistribute(experts_->master_);
     return outcome;
   }
   const double coef = PartitionNorm::clip_coefficient(clip_, norm);
-  const double scale = outcome.loss_scale;
+  apply_update(lr, coef, outcome.loss_scale);
+  if (experts_) experts_->apply_update(lr, coef, outcome.loss_scale);
+  return outcome;
+}
+
+void ZeroOptimizer::apply_update(double lr, double coef, double scale) {
   if (offload_) offload_->collect_gradients([this](int64_t b, int64_t n) { return grads_at(b, n); });
   // Bucket by bucket: the partition's gradients upcast to fp32, unscaled, clipped, applied.
   optimizer_->begin_step();
@@ -232,27 +289,28 @@ StepOutcome ZeroOptimizer::step(double lr, bool skip) {
     params_->piece_updated(piece, offload_ ? offload_->staged(piece) : master_);
   }
   params_->after_update(offload_ ? offload_->staging() : master_);
-  return outcome;
 }
 
-std::pair<int, int> ZeroOptimizer::first_non_finite_gradient() const {
-  torch::NoGradGuard no_grad;
-  // The owned ranges hold every element once, reduced: the world's minimum over
-  // them is the first parameter in model order.
+int64_t ZeroOptimizer::local_first_non_finite() const {
+  // The owned ranges hold every element once, reduced: the minimum over them is
+  // the first parameter in model order.
   const int64_t local = norm_->first_non_finite([this](int64_t b, int64_t n) { return grads_at(b, n); },
                                                 [this](int64_t index) {
                                                   return trained_->param_at(trained_->flat_of(index));
                                                 });
   // The index among the model's parameters (what trains is a subset under LoRA).
-  int64_t first = std::numeric_limits<int64_t>::max();
-  if (local >= 0) {
-    const Parameter* p = trained_->params[local];
-    first = p - model_.parameters().data();
-  }
-  const int64_t world = topo_.world_size();
-  const int64_t mine = first == std::numeric_limits<int64_t>::max() ? first : first * world + topo_.rank();
+  int64_t first = local < 0 ? std::numeric_limits<int64_t>::max() : trained_->params[local] - model_.parameters().data();
+  if (experts_) first = std::min(first, experts_->local_first_non_finite());
+  return first;
+}
+
+std::pair<int, int> ZeroOptimizer::first_non_finite_gradient() const {
+  torch::NoGradGuard no_grad;
+  const int64_t first = local_first_non_finite();
+  const int64_t world = groups_.world->size();
+  const int64_t mine = first == std::numeric_limits<int64_t>::max() ? first : first * world + groups_.world->rank();
   auto key = torch::tensor({mine}, torch::kLong);
-  topo_.world().all_reduce(key, ReduceOp::kMin);
+  groups_.world->all_reduce(key, ReduceOp::kMin);
   const int64_t found = key.item<int64_t>();
   if (found == std::numeric_limits<int64_t>::max()) return {-1, -1};
   return {static_cast<int>(found / world), static_cast<int>(found % world)};
@@ -295,12 +353,12 @@ torch::Tensor ZeroOptimizer::gather_master(int64_t begin, int64_t end) {
   const int unit = layout.unit_at(begin);
   const FlatUnit& u = layout.units[unit];
   const int64_t slice = trained_->slice_of(unit);
-  const int64_t own_lo = u.begin + topo_.dp_rank() * slice;
+  const int64_t own_lo = u.begin + groups_.dp->rank() * slice;
   const int64_t lo = std::clamp(begin, own_lo, own_lo + slice);
-  const int64_t mine = shares[topo_.dp_rank()];
+  const int64_t mine = shares[groups_.dp->rank()];
   auto local = mine == 0 ? torch::empty({0}, trained_->options.dtype(torch::kFloat32))
                          : master_at(u.begin / layout.dp + (lo - own_lo), mine).to(model_.device(), torch::kFloat32);
-  return topo_.dp().all_gather(local.contiguous(), 0, shares);
+  return groups_.dp->all_gather(local.contiguous(), 0, shares);
 }
 
 ModelStateBytes ZeroOptimizer::model_state_bytes() const {
@@ -319,8 +377,9 @@ ModelStateBytes ZeroOptimizer::model_state_bytes() const {
     b.host += frozen_params_->host_bytes();
   } else {
     for (auto& p : model_.parameters())
-      if (!p.trains()) b.frozen_params += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
+      if (!p.trains() && holds(p)) b.frozen_params += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
   }
+  if (experts_) b += experts_->model_state_bytes();
   return b;
 }
 
@@ -328,6 +387,7 @@ ModelStateBytes ZeroOptimizer::analytic_model_state() const {
   ModelStateBytes b = analytic_model_state_bytes(trained_->layout, low_, optimizer_config_, fp32_accum_, placement_);
   b.frozen_params = frozen_analytic_bytes_;
   b.host += frozen_analytic_host_;
+  if (experts_) b += experts_->analytic_model_state();
   return b;
 }
 }  // namespace autotp

@@ -92,7 +92,7 @@ int maybe_launch(const WorldOptions& options) {
   return result.exit_code;
 }
 
-std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend) {
+std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend, int ep_size) {
   DistEnv env = DistEnv::from_environment();
   init_logging(LogOptions{env.rank});
   if (const auto fault = armed_test_fault()) log().warn("{} is armed: {}", kTestFaultVariable, *fault);
@@ -101,6 +101,7 @@ std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, B
   set_blas_threads(threads);
   TopologyOptions topo;
   topo.tp_size = tp_size;
+  topo.ep_size = ep_size;
   topo.backend = backend;
   topo.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   if (env.world_size == 1) {

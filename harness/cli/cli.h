@@ -55,7 +55,8 @@ inline bool run_as_rank(const WorldOptions& options) {
 }
 
 // Sets up logging and threads for this rank and creates the topology.
-std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend = Backend::kGloo);
+std::shared_ptr<Topology> join_world(const WorldOptions& options, int tp_size, Backend backend = Backend::kGloo,
+                                     int ep_size = 1);
 
 // Subcommands.
 void register_presets(CLI::App& app);

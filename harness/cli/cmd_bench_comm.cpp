@@ -24,12 +24,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+const std::vector<std::string> kOps = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"};
 const std::vector<std::string> kImpls = {"comm", "comm-gloo", "c10d"};
 
 // A collective over one of the implementations; `count` float32 elements of
 // the full buffer (all-reduce and broadcast: the tensor; all-gather: the
-// gathered output; reduce-scatter: the input that is summed and split).
+// gathered output; reduce-scatter: the input that is summed and split;
+// all-to-all: what one rank sends, count / size to each rank, itself included).
 class Collective {
  public:
   Collective(std::string op, std::string impl, Comm* comm, c10::intrusive_ptr<c10d::ProcessGroup> raw, int rank,
@@ -45,6 +46,7 @@ class Collective {
     } else {
       input_ = torch::empty({count_});
       if (op_ == "reduce_scatter") output_ = torch::empty({chunk});
+      if (op_ == "all_to_all") output_ = torch::empty({count_});
     }
     input_.fill_(1.0f);
   }
@@ -72,6 +74,15 @@ class Collective {
     } else if (op_ == "reduce_scatter") {
       input = pattern(count_, 0) * static_cast<float>(rank_ + 1);
       expected = pattern(chunk, chunk * rank_) * rank_sum;
+    } else if (op_ == "all_to_all") {
+      // Rank q's block for rank j is pattern + 16 q + 2048 j: every block lands where it belongs.
+      std::vector<torch::Tensor> sent, received;
+      for (int j = 0; j < size_; ++j) {
+        sent.push_back(pattern(chunk, 0) + static_cast<float>(16 * rank_ + 2048 * j));
+        received.push_back(pattern(chunk, 0) + static_cast<float>(16 * j + 2048 * rank_));
+      }
+      input = torch::cat(sent);
+      expected = torch::cat(received);
     } else {
       input = rank_ == 0 ? pattern(count_, 0) : torch::full({count_}, -1.0f);
       expected = pattern(count_, 0);
@@ -100,6 +111,10 @@ class Collective {
         comm_->reduce_scatter_into(output_, input);
         return output_;
       }
+      if (op_ == "all_to_all") {
+        const std::vector<int64_t> counts(size_, chunk);
+        return comm_->all_to_all(input, counts, counts, output_);  // into a buffer allocated once, as c10d's
+      }
       comm_->broadcast(input, 0);
       return input;
     }
@@ -122,6 +137,11 @@ class Collective {
       torch::Tensor output = torch::empty({chunk});
       raw_->_reduce_scatter_base(output, input)->wait();
       return output;
+    }
+    if (op_ == "all_to_all") {
+      std::vector<int64_t> splits;  // empty: equal blocks
+      raw_->alltoall_base(output_, input, splits, splits)->wait();
+      return output_;
     }
     std::vector<at::Tensor> tensors{input};
     c10d::BroadcastOptions options;
@@ -181,7 +201,7 @@ struct Args {
 
 void add_bench_comm_options(CLI::App& cmd, Args& args) {
   cmd.add_option("--ops", args.ops,
-                 "Comma list of all_reduce, all_gather, reduce_scatter, broadcast, or all");
+                 "Comma list of all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, or all");
   cmd.add_option("--impl", args.impls, "Comma list of comm, comm-gloo, c10d, or all (see bench/README.md)");
   cmd.add_option("--min-bytes", args.min_bytes, "Smallest buffer (default 8; KB/MB/GB, KiB/MiB/GiB)");
   cmd.add_option("--max-bytes", args.max_bytes, "Largest buffer (default 256MiB)");
@@ -239,7 +259,7 @@ struct BenchRun {
 // Whole elements, a multiple of the world for the split collectives.
 int64_t element_count(const std::string& op, int64_t bytes, int n) {
   int64_t count = std::max<int64_t>(bytes / 4, 1);
-  if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n * n, n);
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") count = std::max<int64_t>(count / n * n, n);
   return count;
 }
 
@@ -372,7 +392,7 @@ void run_bench_comm(const Args& args) {
 double bus_bandwidth_factor(const std::string& op, int world) {
   const double n = world;
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "all_gather" || op == "reduce_scatter") return (n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all") return (n - 1) / n;
   if (op == "broadcast") return 1.0;
   throw_user_error("unknown collective '{}' (allowed: {})", op, fmt::join(kOps, ", "));
 }

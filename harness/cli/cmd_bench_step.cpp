@@ -64,7 +64,7 @@ std::string volume_cell(const CollectiveVolume& v) { return fmt::format("{} / {}
 
 struct Args {
   std::string model, json, dtype = "f32", profile, config;
-  int tp = 1, zero = 0;
+  int tp = 1, zero = 0, ep = 1;
   int64_t micro_batch = 4, seq_len = 256, gas = 1, steps = 5, warmup = 2;
   bool checkpointing = false, sequence_parallel = false, tp_overlap_comm = false;
   std::optional<bool> overlap_comm;
@@ -85,6 +85,7 @@ TrainConfig bench_config(const Args& args, torch::ScalarType dtype, int world_si
                          {"tp_overlap_comm", args.tp_overlap_comm}}},
                        {"seed", args.seed}};
   if (dtype == torch::kBFloat16) ds["bf16"] = {{"enabled", true}};
+  if (args.ep > 1) ds["expert_parallel"] = {{"enabled", true}, {"autoep_size", args.ep}};
   if (args.checkpointing) ds["activation_checkpointing"] = {{"enabled", true}};
   if (args.overlap_comm) ds["zero_optimization"]["overlap_comm"] = *args.overlap_comm;
   if (!args.config.empty()) {
@@ -176,6 +177,8 @@ void print_volume_table(const StepCommVolume& counted, const StepCommVolume& ana
 void add_bench_step_options(CLI::App& cmd, Args& args) {
   cmd.add_option("--model", args.model, "HF model directory or preset:NAME")->required();
   cmd.add_option("--tp", args.tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
+  cmd.add_option("--ep", args.ep, "Expert-parallel size of a mixture of experts (default 1)")
+      ->check(CLI::PositiveNumber);
   cmd.add_flag("--sequence-parallel", args.sequence_parallel,
                "tensor_parallel.sequence_parallel: norms, residuals and dropout on 1/tp of the sequence");
   cmd.add_flag("--tp-overlap-comm", args.tp_overlap_comm,
@@ -332,7 +335,8 @@ RankSummary summarize_ranks(const torch::Tensor& all, int world, int local_ranks
 struct StepReport {
   std::string model, dtype, layout;  // source label, HF dtype name, "tpT-dpD-zeroZ-WxNt"
   torch::Device device = torch::kCPU;
-  int tp = 1, dp = 1, world = 1;
+  int tp = 1, dp = 1, world = 1, ep = 1;
+  int64_t expert_bytes = 0;  // rank 0's routed-expert parameters (mixtures of experts)
   RankThreads threads;
   ComputeLimit limit;
   RankSummary ranks;
@@ -363,6 +367,8 @@ void print_step_report(const StepReport& r, const Args& args, const TrainConfig&
       "  GEMM limit          {:.2f} GFLOP/s ({} rank(s) x {} thread(s), measured together)\n",
       r.ranks.cluster_limit / 1e9, world, torch_threads);
   std::cout << fmt::format("  MFU                 {:.1f}%\n", 100.0 * r.mfu);
+  if (r.expert_bytes > 0)
+    std::cout << fmt::format("  expert parameters   {:.2f} MB on rank 0 (ep {})\n", r.expert_bytes / 1e6, r.ep);
   if (r.device.is_cuda()) {
     std::cout << fmt::format(
         "  GPU                 {}: {} 8192^3 GEMM {:.1f} TFLOP/s, bf16 spec peak {}\n", r.limit.gpu, r.dtype,
@@ -407,6 +413,8 @@ void write_step_json(const StepReport& r, const Args& args, const TrainConfig& c
               {"dtype", r.dtype},
               {"tp", r.tp},
               {"dp", r.dp},
+              {"ep", r.ep},
+              {"expert_param_bytes", r.expert_bytes},
               {"zero_stage", config.zero.stage},
               {"sequence_parallel", args.sequence_parallel},
               {"tp_overlap_comm", args.tp_overlap_comm},
@@ -471,13 +479,20 @@ void run_bench_step(const Args& args) {
   AUTOTP_USER_CHECK(args.seq_len <= source.config.max_positions,
                     "--seq-len {} exceeds the model's {} positions", args.seq_len,
                     source.config.max_positions);
-  auto plan = TpPlan::build(source.config, config.tensor_parallel.plan_options());
+  config.expert_parallel.validate(source.config, env.world_size, args.tp);
+  const ExpertPlacement experts{args.ep, Topology::coordinates(env.rank, args.tp).dp_rank % args.ep,
+                                source.config.num_experts};
+  auto plan = place_experts(TpPlan::build(source.config, config.tensor_parallel.plan_options()), experts);
   const Placement placement = place_rank(args.world, config.device);
   const torch::Device device = placement.device;
-  auto topology = join_world(args.world, args.tp, placement.backend);
+  auto topology = join_world(args.world, args.tp, placement.backend, args.ep);
   const int rank = topology->rank(), world = topology->world_size();
   torch::manual_seed(config.seed);
   auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, device);
+  if (args.ep > 1) model->set_expert_parallel(experts, topology->ep());
+  int64_t expert_bytes = 0;  // this rank's routed-expert parameters (rank 0's are the largest range)
+  for (const auto& p : model->parameters())
+    if (p.entry->expert >= 0) expert_bytes += p.tensor.numel() * static_cast<int64_t>(p.tensor.element_size());
   const RankThreads threads = rank_threads(env);
   const ComputeLimit limit = measure_compute_limit(args, source.config, dtype, device);
 
@@ -506,6 +521,8 @@ void run_bench_step(const Args& args) {
   r.device = device;
   r.tp = topology->tp_size();
   r.dp = topology->dp_size();
+  r.ep = topology->ep_size();
+  r.expert_bytes = expert_bytes;
   r.world = world;
   r.threads = threads;
   r.limit = limit;
@@ -517,8 +534,8 @@ void run_bench_step(const Args& args) {
   r.flops_per_step = model_flops_per_token(source.config, args.seq_len) * r.global_tokens;
   r.achieved = r.flops_per_step / r.step_median;
   r.mfu = r.achieved / r.ranks.cluster_limit;
-  r.layout =
-      fmt::format("tp{}-dp{}-zero{}-{}x{}t", r.tp, r.dp, config.zero.stage, world, threads.torch_threads);
+  r.layout = fmt::format("tp{}-dp{}{}-zero{}-{}x{}t", r.tp, r.dp, r.ep > 1 ? fmt::format("-ep{}", r.ep) : "",
+                         config.zero.stage, world, threads.torch_threads);
   print_step_report(r, args, config, timed, analytic);
   if (!args.json.empty()) write_step_json(r, args, config, timed, analytic);
   if (!r.ranks.all_match)

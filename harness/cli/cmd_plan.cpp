@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "autotp/model/presets.h"
+#include "autotp/tp/expert_parallel.h"
 #include "autotp/base/error.h"
 #include "autotp/base/json_file.h"
 #include "cli/cli.h"
@@ -14,7 +15,7 @@ namespace autotp::cli {
 void register_plan(CLI::App& app) {
   struct Args {
     std::string model, config, rules = "auto";
-    int tp = 1;
+    int tp = 1, ep = 1;
     bool sequence_parallel = false;
     LoraFlags lora;
   };
@@ -22,6 +23,9 @@ void register_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Print the tensor-parallel plan of a model: roles and shard shapes per rank");
   cmd->add_option("--model", args->model, "HF model directory or preset:NAME")->required();
   cmd->add_option("--tp", args->tp, "Tensor-parallel size (default 1)")->check(CLI::PositiveNumber);
+  cmd->add_option("--ep", args->ep,
+                  "Expert-parallel size: which ep rank holds which experts, with their shapes (a mixture of experts)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--sequence-parallel", args->sequence_parallel,
                 "Sequence parallelism: marks the gradients it makes partial (tensor_parallel.sequence_parallel)");
   cmd->add_option("--config", args->config,
@@ -55,6 +59,13 @@ void register_plan(CLI::App& app) {
     std::cout << fmt::format("{} ({}), tp = {}{}\n", source.label, source.config.architecture, args->tp,
                              plan.sequence_parallel() ? ", sequence parallel" : "");
     std::cout << plan.table();
+    if (args->ep > 1) {
+      ExpertParallelConfig ep;
+      ep.enabled = true;
+      ep.autoep_size = args->ep;
+      ep.validate(source.config, args->ep * args->tp, args->tp);  // the smallest world that fits
+      std::cout << expert_placement_table(plan, source.config, args->ep);
+    }
   });
 }
 

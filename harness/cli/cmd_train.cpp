@@ -49,7 +49,8 @@ nlohmann::json metrics_line(const StepMetrics& m, Trainer& trainer, Topology& to
   auto all = topology.world().all_gather(mine.view({1, -1}), 0);
   if (topology.rank() != 0) return nullptr;
   nlohmann::json line = m.to_json();
-  line["layout"] = {{"tp", topology.tp_size()}, {"dp", topology.dp_size()}, {"zero_stage", config.zero.stage},
+  line["layout"] = {{"tp", topology.tp_size()}, {"dp", topology.dp_size()}, {"ep", topology.ep_size()},
+                    {"zero_stage", config.zero.stage},
                     {"world", topology.world_size()}, {"dtype", hf_dtype_name(trainer.model().dtype())},
                     {"overlap_comm", config.zero.overlaps(trainer.model().device().is_cuda())},
                     {"sequence_parallel", trainer.model().plan().sequence_parallel()},
@@ -104,6 +105,7 @@ struct TrainArgs {
   bool no_shuffle = false;
   std::optional<uint64_t> seed;
   std::optional<int64_t> max_steps;  // HF's name of --steps
+  std::optional<int> ep;             // expert_parallel.autoep_size (turns it on)
   CLI::Option* steps_option = nullptr;
   HfTrainingFlags hf;
   SftFlags sft;
@@ -127,6 +129,10 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
                   "HF's name of --steps; a scheduler total_num_steps number must equal it")
       ->check(CLI::PositiveNumber)
       ->excludes(args->steps_option);
+  cmd->add_option("--ep", args->ep,
+                  "Expert-parallel size of a mixture of experts (expert_parallel.autoep_size; divides world / tp and "
+                  "the experts)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--save", args->save, "Checkpoint root: writes DIR/step_N/ and DIR/latest at the end (and every --save-every steps)");
   cmd->add_option("--save-every", args->save_every, "Also save every N steps (needs --save)")->check(CLI::PositiveNumber);
   cmd->add_option("--resume", args->resume,
@@ -264,6 +270,15 @@ void check_lora_run(const TrainConfig& config, const TrainArgs& args) {
   AUTOTP_USER_CHECK(!args.lora.merge_lora || !args.export_hf.empty(), "--merge-lora needs --export-hf DIR");
 }
 
+// What expert parallelism does not do yet (docs/architecture.md "Expert parallelism"), before anything starts.
+void check_expert_parallel_run(const TrainConfig& config) {
+  if (config.expert_parallel.size() == 1) return;
+  AUTOTP_USER_CHECK(!config.lora.enabled,
+                    "expert_parallel.autoep_size {} with LoRA is not supported yet (allowed: autoep_size 1 with a lora "
+                    "section, or no lora section)",
+                    config.expert_parallel.autoep_size);
+}
+
 void run_train(const TrainArgs& args) {
   // Everything that can be checked without the others is checked before the rendezvous.
   DistEnv env = DistEnv::from_environment();
@@ -274,7 +289,13 @@ void run_train(const TrainArgs& args) {
   config.resolve_batch(env.world_size);
   config.lora = resolve_lora(config.lora, args.lora);
   check_lora_run(config, args);
-  auto plan = apply_lora_plan(TpPlan::build(source.config, config.tensor_parallel.plan_options()), config.lora);
+  if (args.ep) config.expert_parallel.enabled = true, config.expert_parallel.autoep_size = *args.ep;
+  const int tp = config.tensor_parallel.autotp_size, ep = config.expert_parallel.size();
+  config.expert_parallel.validate(source.config, env.world_size, tp);
+  check_expert_parallel_run(config);
+  const ExpertPlacement experts{ep, Topology::coordinates(env.rank, tp).dp_rank % ep, source.config.num_experts};
+  auto plan = place_experts(
+      apply_lora_plan(TpPlan::build(source.config, config.tensor_parallel.plan_options()), config.lora), experts);
   std::shared_ptr<Dataset> data =
       open_dataset(args.data, data_options(source, args.data, args.seq_len, args.bin_dtype, args.tokenizer, args.sft));
   AUTOTP_USER_CHECK(args.save_every == 0 || !args.save.empty(), "--save-every needs --save DIR");
@@ -295,14 +316,19 @@ void run_train(const TrainArgs& args) {
 
   const Placement placement = place_rank(args.world, config.device);
   const torch::ScalarType dtype = training_dtype(config);
-  auto topology = join_world(args.world, config.tensor_parallel.autotp_size, placement.backend);
+  auto topology = join_world(args.world, tp, placement.backend, ep);
   torch::manual_seed(config.seed);
   auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, placement.device);
+  if (ep > 1) model->set_expert_parallel(experts, topology->ep());
   prepare_lora_model(*model, config.lora, args.lora, config.seed);
   log().info("model {} ({}) on {}, data {}", source.label, source.config.architecture, placement.device.str(),
              data->describe());
-  log().info("layout: world {} = dp {} x tp {}, ZeRO stage {}, micro-batch {}, gradient accumulation {}, global batch {}",
-             topology->world_size(), topology->dp_size(), topology->tp_size(), config.zero.stage,
+  log().info("layout: world {} = dp {} x tp {}{}, ZeRO stage {}, micro-batch {}, gradient accumulation {}, global batch {}",
+             topology->world_size(), topology->dp_size(), topology->tp_size(),
+             ep > 1 ? fmt::format(" (experts: ep {} x edp {}, {} experts per rank)", ep, topology->edp_size(),
+                                  experts.per_rank())
+                    : "",
+             config.zero.stage,
              config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, config.train_batch_size);
   Trainer trainer(config, topology, std::move(model), data, !args.no_shuffle);
   if (resume) load_checkpoint(trainer, *resume);

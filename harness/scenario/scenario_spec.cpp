@@ -212,6 +212,10 @@ class Expander {
         v.ds_config["zero_optimization"].erase("offload_param");
       v.config = TrainConfig::from_json(v.ds_config, "config");
       v.config.resolve_batch(spec_.world_size);
+      AUTOTP_USER_CHECK(v.config.expert_parallel.size() == 1,
+                        "expert_parallel.autoep_size {}: scenarios do not run expert parallelism yet (allowed: 1; "
+                        "`autotp train --ep` and `bench-step --ep` do)",
+                        v.config.expert_parallel.autoep_size);
       TpPlan::build(model.config, v.config.tensor_parallel.plan_options());
     } catch (const UserError& e) {
       return e.what();

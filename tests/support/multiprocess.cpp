@@ -56,9 +56,10 @@ bool register_worker(const std::string& name, WorkerFunction function) {
   return true;
 }
 
-std::shared_ptr<Topology> WorkerContext::topology(int tp_size) {
+std::shared_ptr<Topology> WorkerContext::topology(int tp_size, int ep_size) {
   TopologyOptions options;
   options.tp_size = tp_size;
+  options.ep_size = ep_size;
   options.timeout = timeout;
   std::shared_ptr<Topology> topology;
   if (env.world_size == 1) {

@@ -50,7 +50,7 @@ class WorkerContext {
   // called several times (every rank in the same order): each call gets its own
   // groups over one shared store. The context keeps every topology alive until
   // the worker has finished, so a failing rank reports before its peers see it go.
-  std::shared_ptr<Topology> topology(int tp_size);
+  std::shared_ptr<Topology> topology(int tp_size, int ep_size = 1);
 
   // The world barrier described at barrier_at_exit (run_worker_main calls it).
   void finish();

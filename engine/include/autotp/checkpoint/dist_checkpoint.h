@@ -5,6 +5,10 @@
 //                                   buffer ("params" in the model dtype, "master_weights"
 //                                   in mixed precision, "optimizer.<state>") and
 //                                   "rng_state"; at stage 0 only dp 0 holds states
+//   step_<N>/experts_ep<E>/         expert parallelism only: the routed experts ep rank E
+//                                   holds, as a checkpoint of its own (metadata.json and
+//                                   tp<T>_dp<D> files over the expert-data-parallel group);
+//                                   the top-level files then hold the other tensors
 //   latest                          the newest complete step directory's name
 // A step directory is written as .step_<N>.partial and renamed when complete;
 // `latest` is written last (temporary name + rename). SavedCheckpoint reads any
@@ -62,6 +66,8 @@ struct CheckpointMetadata {
   nlohmann::json trainer;       // steps, applied_steps, optimizer_steps, scheduler
   nlohmann::json sampler;       // epoch, offset, dataset_size, seed, shuffle (null without data)
   nlohmann::json loss_scaler;   // loss_scale, good_steps, hysteresis_left
+  // Expert parallelism: the sub-directories holding each ep rank's experts (empty without).
+  std::vector<std::string> expert_parts;
 
   nlohmann::json to_json() const;
   static CheckpointMetadata from_json(const nlohmann::json& json, const std::string& source);
@@ -85,8 +91,18 @@ class SavedCheckpoint {
 
   const std::string& dir() const { return dir_; }
   const CheckpointMetadata& metadata() const { return meta_; }
-  // The problem with file `index` (missing, wrong size = truncated, CRC-32
-  // mismatch, unreadable header), or "" when it is intact.
+  // The expert parts (expert parallelism), opened with the checkpoint.
+  const std::vector<std::shared_ptr<SavedCheckpoint>>& expert_parts() const { return parts_; }
+  // Every tensor's name and whole shape, this checkpoint's and its parts', in `order`
+  // (the model's parameter names; names not in it go last).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> all_tensors(const std::vector<std::string>& order) const;
+  // The whole logical tensor `name` of `state` as fp32, from wherever it is held.
+  torch::Tensor read_full(const std::string& name, const std::string& state) const;
+  bool holds(const std::string& name) const;
+  // The files of the checkpoint and of its parts.
+  size_t file_count() const;
+  // The problem with file `index` of file_count() (missing, wrong size = truncated,
+  // CRC-32 mismatch, unreadable header), or "" when it is intact.
   std::string check_file(size_t index) const;
   // check_file for every file; UserError with the first problem.
   void verify() const;
@@ -111,7 +127,12 @@ class SavedCheckpoint {
   std::string state_name(const std::string& state) const;
   std::string dir_;
   CheckpointMetadata meta_;
+  // The target shard of tensor `name` (cut by `spec` for tp rank `tp_rank`), from
+  // this checkpoint or a part; null when neither holds it.
+  std::optional<torch::Tensor> shard_of(const std::string& name, const ShardSpec& spec, int tp_rank,
+                                        const std::string& state) const;
   std::vector<FlatLayout> layouts_;  // per saved tp rank
+  std::vector<std::shared_ptr<SavedCheckpoint>> parts_;
   mutable std::map<std::string, std::shared_ptr<SafetensorsFile>> open_;
 };
 

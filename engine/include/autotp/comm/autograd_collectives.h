@@ -7,6 +7,8 @@
 // is consumed by tp-split layers, so its gradient is a sum over the group:
 //   gather_from_sp:       forward all-gather along dim,     backward reduce-scatter (sum)
 //   reduce_scatter_to_sp: forward reduce-scatter along dim, backward all-gather
+// and the expert-parallel token exchange:
+//   all_to_all_rows:      forward all-to-all of rows,       backward the reverse all-to-all
 // `sizes` lists every rank's extent along `dim` (uneven shards); empty = equal.
 #pragma once
 #include <torch/torch.h>
@@ -25,6 +27,10 @@ torch::Tensor gather_from_sp(const torch::Tensor& input, Comm& comm, int64_t dim
                              const std::vector<int64_t>& sizes = {});
 torch::Tensor reduce_scatter_to_sp(const torch::Tensor& input, Comm& comm, int64_t dim,
                                    const std::vector<int64_t>& sizes = {});
+
+// Comm::all_to_all with send_counts / recv_counts; the gradient travels back with the counts swapped.
+torch::Tensor all_to_all_rows(const torch::Tensor& input, Comm& comm, const std::vector<int64_t>& send_counts,
+                              const std::vector<int64_t>& recv_counts);
 
 // reduce_from_tp and reduce_scatter_to_sp started on the group's lane (Domino's
 // overlap): `output` may be read only after `work.wait()`; backward as the

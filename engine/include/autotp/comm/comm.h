@@ -36,11 +36,16 @@ struct CommStats {
   int64_t all_gather_calls = 0, all_gather_bytes = 0;          // bytes of the gathered output
   int64_t reduce_scatter_calls = 0, reduce_scatter_bytes = 0;  // bytes of the full input
   int64_t broadcast_calls = 0, broadcast_bytes = 0;
+  int64_t all_to_all_calls = 0, all_to_all_bytes = 0;          // bytes this rank sent (its own rows included)
   double seconds = 0;        // wall time the caller spent blocked in collectives (exposed communication)
   double settle_seconds = 0;  // of `seconds`, waiting for Gloo to drop an uneven gather's buffers (Comm::run)
   double async_seconds = 0;  // wall time started collectives ran on the lane (hidden or not)
-  int64_t calls() const { return all_reduce_calls + all_gather_calls + reduce_scatter_calls + broadcast_calls; }
-  int64_t bytes() const { return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes; }
+  int64_t calls() const {
+    return all_reduce_calls + all_gather_calls + reduce_scatter_calls + broadcast_calls + all_to_all_calls;
+  }
+  int64_t bytes() const {
+    return all_reduce_bytes + all_gather_bytes + reduce_scatter_bytes + broadcast_bytes + all_to_all_bytes;
+  }
 };
 
 // A collective started by Comm::start_*: its tensors must stay untouched until
@@ -102,6 +107,17 @@ class Comm {
   // shared memory without any temporary (16-bit floats excepted).
   void reduce_scatter_into(torch::Tensor& out, const torch::Tensor& full);
   void barrier();
+  // All-to-all of rows (dim 0; the other dims as `input`'s): rank r's rows
+  // [send_counts[0] + ... + send_counts[j - 1], +send_counts[j]) go to rank j,
+  // and the result holds recv_counts[j] rows from each rank j in rank order.
+  // Rank r's send_counts[j] must equal rank j's recv_counts[r] (exchange the
+  // counts first: an all_to_all of one row per rank). Gloo and NCCL run their
+  // all-to-all; the shared-memory transport, where the group has one, moves the
+  // rows through its segment (each rank writes its rows once).
+  // `out` (optional: contiguous, the result's shape and dtype, not overlapping
+  // `input`) receives the rows in place of a fresh tensor.
+  torch::Tensor all_to_all(const torch::Tensor& input, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts, torch::Tensor out = torch::Tensor());
 
   // all_gather_into and reduce_scatter_into started asynchronously (same
   // arguments, checks and results; the tensors are held until the work is

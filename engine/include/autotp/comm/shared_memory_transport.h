@@ -1,4 +1,4 @@
-// SharedMemoryTransport: all-reduce, reduce-scatter and all-gather among the
+// SharedMemoryTransport: all-reduce, reduce-scatter, all-gather and all-to-all among the
 // members of one group that all run on this host, through one POSIX
 // shared-memory segment instead of loopback TCP (a reduce-scatter reads only
 // its own range of every slot; an all-gather copies every slot out).
@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,14 @@ class SharedMemoryTransport {
   // All-gather of equal-length contiguous blocks: `out` (size x local.numel(),
   // contiguous) gets member r's block at r * local.numel().
   void all_gather(const torch::Tensor& local, torch::Tensor& out);
+  // All-to-all of bytes: send_bytes[j] bytes from `send` (in member order) go to
+  // member j; recv_bytes[j] bytes from member j land in `recv` in member order.
+  // Each slot is cut into one sub-slot per receiver; a sender writes each piece
+  // once, a receiver copies its sub-slot out of every member's slot. The number of
+  // rounds (the largest piece over the sub-slot size) travels in the first round's
+  // slot headers, so a call that fits one round synchronises once.
+  void all_to_all(const uint8_t* send, const std::vector<int64_t>& send_bytes, uint8_t* recv,
+                  const std::vector<int64_t>& recv_bytes);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -71,6 +80,8 @@ class SharedMemoryTransport {
   int64_t exchange(const void* data, int64_t bytes);
   // The same, leaving bytes [skip_begin, skip_end) of this member's slot unwritten (nobody reads them).
   int64_t exchange(const void* data, int64_t bytes, int64_t skip_begin, int64_t skip_end);
+  // Announces a new generation whose slot `fill` has written, and waits for every member's; returns the set.
+  int64_t publish(const std::function<void(uint8_t* slot)>& fill);
   uint8_t* slot(int64_t set, int member) const;
 
   int rank_ = 0, size_ = 1;

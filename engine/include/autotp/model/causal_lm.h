@@ -19,6 +19,7 @@
 #include "autotp/model/dropout_mask.h"
 #include "autotp/model/layer_schedule.h"
 #include "autotp/model/sharded_model.h"
+#include "autotp/tp/expert_parallel.h"
 #include "autotp/tp/tp_plan.h"
 
 namespace autotp {
@@ -104,6 +105,16 @@ class CausalLM : public ShardedModel {
   // `gradient_weight` times it (the caller's d(objective)/d(aux), e.g.
   // router_aux_loss_coef / micro-batches); call between the forward and its backward.
   double router_aux_loss(double gradient_weight);
+  // Mixture of experts: how many of the last forward's routing choices went to
+  // each expert, [sparse layers, experts] (fp64, layer order); undefined for a dense model.
+  torch::Tensor expert_token_counts() const;
+
+  // Expert parallelism: the sparse blocks send each routing choice to the ep
+  // rank holding its expert (model/expert_dispatch.h). The plan must have been
+  // placed for the same placement (place_experts: other ranks' experts remote).
+  // `ep` must outlive the model.
+  void set_expert_parallel(const ExpertPlacement& placement, Comm& ep);
+  const ExpertPlacement& expert_placement() const { return experts_; }
 
   // The parameter uses (ShardedModel): the embeddings (kEmbeddingUse), each
   // decoder layer and the head; hooks around each (sharded_model.h).
@@ -189,6 +200,8 @@ class CausalLM : public ShardedModel {
   // The routing of the current forward (per sparse layer) and the gradient the
   // load-balancing loss adds to its router probabilities.
   std::shared_ptr<struct RouterAuxState> router_aux_;
+  ExpertPlacement experts_;  // ep 1: every expert here
+  Comm* ep_ = nullptr;
   UseHooks hooks_;
   // Sequence parallelism (plan_.sequence_parallel()): this forward's tokens per rank
   // (sequence_shard_sizes), this rank's first token and the sequence length.

@@ -14,6 +14,7 @@
 #include "autotp/lora/lora_config.h"
 #include "autotp/model/recompute_config.h"
 #include "autotp/optim/optim_config.h"
+#include "autotp/tp/expert_parallel.h"
 #include "autotp/tp/tp_config.h"
 #include "autotp/zero/zero_config.h"
 
@@ -30,6 +31,7 @@ struct TrainConfig {
   Fp16Config fp16;
   ZeroConfig zero;
   TensorParallelConfig tensor_parallel;
+  ExpertParallelConfig expert_parallel;  // "expert_parallel": DeepSpeed AutoEP's keys (tp/expert_parallel.h)
   ActivationCheckpointingConfig activation_checkpointing;
   LoraConfig lora;  // "lora": PEFT LoraConfig fields (docs/lora.md); enabled when present
   uint64_t seed = 42;                 // data order and any randomness in training

@@ -27,6 +27,9 @@ struct StepMetrics {
   double loss = 0;             // mean token cross-entropy over the global batch, before the update,
                                // plus router_aux_loss_coef * router_aux_loss where that loss is on
   double router_aux_loss = 0;  // mixture of experts: the load-balancing loss, mean over the step's micro-batches
+  // Mixture of experts: per sparse layer, the tokens routed to each expert over the
+  // global batch (top-k choices), their largest and mean count over the experts.
+  std::vector<double> expert_tokens_max, expert_tokens_mean;
   double grad_norm = 0;
   double lr = 0;
   double loss_scale = 1;
@@ -112,6 +115,7 @@ class Trainer {
   double async_comm_seconds() const;
   // The current step's exposed tp communication in forwards and backwards.
   double tp_forward_s_ = 0, tp_backward_s_ = 0;
+  torch::Tensor expert_counts_;  // mixture of experts: this step's routing counts so far, [sparse layers, experts]
 
   TrainConfig config_;
   std::shared_ptr<Topology> topology_;

@@ -67,6 +67,10 @@ struct PlanEntry {
   bool frozen = false;
   // A LoRA factor (lora_A / lora_B) of the base layer desc.module: not part of the HF model.
   bool adapter = false;
+  // Mixture of experts: the routed expert this tensor belongs to (-1: none), and
+  // whether another expert-parallel rank holds it (no tensor on this rank; expert_parallel.h).
+  int64_t expert = -1;
+  bool remote = false;
 };
 
 class TpPlan {
@@ -84,6 +88,8 @@ class TpPlan {
 
   // LoRA (lora/lora_plan.h): freezes an entry, or inserts entries right after `anchor`'s.
   void set_frozen(const std::string& name, bool frozen);
+  // Expert parallelism (tp/expert_parallel.h): an expert tensor another rank holds.
+  void set_remote(const std::string& name, bool remote);
   void insert_after(const std::string& anchor, std::vector<PlanEntry> entries);
 
   // The table printed by `autotp plan`.

@@ -14,7 +14,7 @@
 
 #include <functional>
 
-#include "autotp/comm/topology.h"
+#include "autotp/comm/comm.h"
 #include "autotp/zero/held_params.h"
 #include "autotp/zero/unit_collectives.h"
 
@@ -44,7 +44,7 @@ class GradStore {
 // Stages 0-1: the held parameters' .grad are views of one flat buffer.
 class FlatGrads : public GradStore {
  public:
-  FlatGrads(HeldParams& held, Topology& topo, UnitCollectives& comm, bool fp32_accumulation);
+  FlatGrads(HeldParams& held, Comm& tp, UnitCollectives& comm, bool fp32_accumulation);
   void begin_step() override;
   void after_backward() override;
   torch::Tensor at(int64_t begin, int64_t length) const override {
@@ -56,7 +56,7 @@ class FlatGrads : public GradStore {
   const torch::Tensor& accumulated() const { return fp32_accum_ ? accum_ : flat_; }
   void sum_over_tp();  // shared slices and partial tensors
   HeldParams& held_;
-  Topology& topo_;
+  Comm& tp_;
   UnitCollectives& comm_;
   bool fp32_accum_;
   torch::Tensor flat_;   // model dtype, what autograd accumulates into
@@ -77,7 +77,7 @@ class StepScatteredGrads : public FlatGrads {
 
 class BackwardScatteredGrads : public GradStore {
  public:
-  BackwardScatteredGrads(HeldParams& held, Topology& topo, UnitCollectives& comm, bool fp32_accumulation);
+  BackwardScatteredGrads(HeldParams& held, Comm& tp, UnitCollectives& comm, bool fp32_accumulation);
   void begin_step() override;
   void after_backward() override;
   void reduce_unit(int unit) override;
@@ -86,7 +86,7 @@ class BackwardScatteredGrads : public GradStore {
 
  private:
   HeldParams& held_;
-  Topology& topo_;
+  Comm& tp_;
   UnitCollectives& comm_;
   bool fp32_accum_;
   torch::Tensor part_;        // the reduced partition (flat dtype, fp32 with fp32 accumulation)

@@ -21,6 +21,12 @@ struct ModelStateBytes {
   int64_t offload_buffers = 0;
   int64_t host = 0;  // of total(), the bytes in host memory (ZeRO-Offload); the rest is on the rank's device
   int64_t total() const { return params + grads + master_weights + optimizer_states + frozen_params + offload_buffers; }
+  ModelStateBytes& operator+=(const ModelStateBytes& o) {
+    params += o.params, grads += o.grads, master_weights += o.master_weights;
+    optimizer_states += o.optimizer_states, frozen_params += o.frozen_params;
+    offload_buffers += o.offload_buffers, host += o.host;
+    return *this;
+  }
   nlohmann::json to_json() const;
 };
 

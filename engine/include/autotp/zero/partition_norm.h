@@ -28,6 +28,11 @@ class PartitionNorm {
   // rank sees a non-finite norm and drops the update together.
   double global_norm(const PartitionGrads& grads, Comm& world, bool skip, double loss_scale,
                      const torch::Device& device) const;
+  // Its two halves, for several partitions counted together (expert parallelism's
+  // dense and expert parts): this rank's fp64 sum of squares [1], and the norm of
+  // the world's sum of such partial sums.
+  torch::Tensor local_sum_of_squares(const PartitionGrads& grads, const torch::Device& device) const;
+  static double world_norm(torch::Tensor sumsq, Comm& world, bool skip, double loss_scale);
   // The first parameter (by `param_of`, partition index -> parameter index) whose
   // owned gradient elements hold a NaN or an infinity on this rank, or -1.
   int64_t first_non_finite(const PartitionGrads& grads, const std::function<int64_t(int64_t)>& param_of) const;

@@ -27,6 +27,7 @@ class UnitCollectives {
   UnitCollectives(Comm& dp, int64_t reduce_bucket_elements, int64_t gather_bucket_elements, bool overlap);
 
   bool overlap() const { return overlap_; }
+  Comm& dp() const { return dp_; }  // the group the units are partitioned over
   int64_t reduce_bucket() const { return reduce_bucket_; }
   // Reduce-scatters a unit-sized tensor over dp in buckets of reduce_bucket_size
   // and adds (or copies) this rank's slice into `out` when completed.

@@ -35,7 +35,13 @@
 // ZeRO-Offload (offload_optimizer at stages 1-3, optimizer_offload.h): the
 // master, the optimizer states and a gradient copy live in host memory and the
 // update runs on the CPU; offload_param (stage 3) keeps the parameter partition
-// there too (stage3_params.h). Same arithmetic, so the same results. Not thread safe.
+// there too (stage3_params.h). Same arithmetic, so the same results.
+// Expert parallelism (topology ep > 1): the routed experts' tensors differ
+// between the ranks of an ep group, so they are held by a second ZeroOptimizer
+// of the same stage over the expert-data-parallel group (the ranks holding the
+// same experts); this one holds the rest over dp. Both count in one gradient
+// norm, clip by it and step together; the hooks of both run around each use.
+// Not thread safe.
 #pragma once
 #include <torch/torch.h>
 
@@ -82,6 +88,14 @@ struct ZeroSettings {
   Fp16Config fp16;
   double gradient_clipping = 0;             // max global norm; 0 = none
   int64_t gradient_accumulation_steps = 1;  // > 1 with 16-bit weights: fp32 accumulation
+};
+
+// The groups one ZeroOptimizer works over: tp (shared slices), the group it
+// partitions and reduces over, and the world (the gradient norm).
+struct ZeroGroups {
+  Comm* tp = nullptr;
+  Comm* dp = nullptr;
+  Comm* world = nullptr;
 };
 
 class ZeroOptimizer {
@@ -132,6 +146,10 @@ class ZeroOptimizer {
   OffloadPlacement offload() const { return placement_; }
   bool fp32_grad_accumulation() const { return fp32_accum_; }
 
+  // Expert parallelism: the optimizer of the routed experts (over the edp group), or null.
+  const ZeroOptimizer* experts() const { return experts_.get(); }
+  ZeroOptimizer* experts() { return experts_.get(); }
+
   // Checkpoints: this rank's partition [part] (copies at stages 1-2).
   PartitionState partition_state() const;
   // Restores the partition from fp32 master values [part] and optimizer states
@@ -146,13 +164,24 @@ class ZeroOptimizer {
   torch::Tensor gather_master(int64_t begin, int64_t end);
 
  private:
+  // Which of the model's parameters one optimizer holds.
+  enum class HeldSet { kAll, kDense, kExperts };
+  ZeroOptimizer(ShardedModel& model, ZeroGroups groups, const ZeroSettings& config, HeldSet set);
+  bool holds(const Parameter& p) const;
+  std::vector<Parameter*> held(bool frozen) const;
+  // The hooks of this optimizer alone (ZeRO-2/3: reductions; ZeRO-3: gathers).
+  UseHooks make_hooks();
+  // The update after the norm: unscale, clip by `coef`, step, redistribute.
+  void apply_update(double lr, double coef, double scale);
+  // This rank's first non-finite gradient as an index into model_.parameters(), or INT64_MAX.
+  int64_t local_first_non_finite() const;
   // The fp32 master values at partition [begin, +length) (inside one piece).
   torch::Tensor master_at(int64_t begin, int64_t length) const;
   torch::Tensor grads_at(int64_t begin, int64_t length) const { return grads_->at(begin, length); }
-  void install_hooks();
 
   ShardedModel& model_;
-  Topology& topo_;
+  ZeroGroups groups_;
+  HeldSet set_;
   int stage_;
   double clip_;
   torch::ScalarType low_;
@@ -177,6 +206,7 @@ class ZeroOptimizer {
   OffloadPlacement placement_;
   int64_t accumulation_steps_;
   int64_t micro_batch_ = 0;  // backward passes since begin_step
+  std::unique_ptr<ZeroOptimizer> experts_;  // expert parallelism: the routed experts over edp
 };
 
 }  // namespace autotp
