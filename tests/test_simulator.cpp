@@ -2,7 +2,8 @@
 // the catalog models, the ZeRO paper's model-state bytes, ZeRO-Offload's device,
 // host and PCIe bytes, full-recomputation
 // activations (2 s b h per layer), training FLOPs, collective counts and ring
-// costs; and the CLI: --json fields, sweeps, bad input (exit code 2),
+// costs; expert parallelism (the two optimizers' model states, all-to-alls, expert
+// FLOPs, Mixtral's 5.6 B experts per GPU at ep 8); and the CLI: --json fields, sweeps, bad input (exit code 2),
 // simulate-only scenario files (--scenario: the single layouts, strict keys).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,6 +19,7 @@
 #include "autotp/base/host_cpu.h"
 #include "autotp/optim/grad_norm.h"
 #include "autotp/zero/flat_layout.h"
+#include "autotp/tp/expert_parallel.h"
 #include "autotp/zero/zero_units.h"
 #include "simulator/simulator.h"
 #include "support/checks.h"
@@ -913,6 +915,206 @@ TEST(SimulatorCli, BadScenarioFileExitsWithTwoNamingFileAndKey) {
     EXPECT_EQ(r.exit_code, 2) << j.dump() << "\n" << r.output;
     EXPECT_NE(r.output.find("autotp: error: " + file + ": "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << message << "\n" << r.output;
+  }
+}
+
+
+// Expert parallelism (docs/simulator.md, "Expert parallelism"): the model states of
+// the two optimizers are the engine's formula on the layouts the engine builds from
+// the placed plan, the experts' over edp; all-to-alls and expert GEMMs in closed form.
+
+// The engine's two held sets (zero_optimizer.cpp: kDense over dp, kExperts over edp)
+// rebuilt here from place_experts' plan: the rank's own entries, expert or not.
+FlatLayout engine_flat(const ModelConfig& config, const TpPlan& placed, int tp_rank, int dp, int stage,
+                       bool experts) {
+  std::vector<const PlanEntry*> entries;
+  for (const auto& e : placed.entries())
+    if (!e.remote && !e.frozen && (e.expert >= 0) == experts) entries.push_back(&e);
+  return zero_layout(entries, ZeroUnits{config.num_layers}, tp_rank, dp, stage,
+                     ZeroConfig{}.stage3_param_persistence_threshold);
+}
+
+TEST(SimulatorExpertParallel, ModelStatesAreTheEnginesFormulaOverDpAndEdp) {
+  struct Case {
+    std::string model;
+    int gpus, tp, ep;
+  };
+  // mixtral-tiny: 5 experts over ep 2 (3 + 2: rank 0 holds the most); qwen2-moe-tiny: 6 over
+  // ep 4 (2, 2, 1, 1) at tp 2, with a shared expert and a dense layer that stay on every rank.
+  for (const Case& c : {Case{"preset:mixtral-tiny", 4, 1, 2}, Case{"preset:qwen2-moe-tiny", 8, 2, 4}}) {
+    auto model = resolve_sim_model(c.model);
+    const ExpertPlacement rank0{c.ep, 0, model.config.num_experts};
+    const TpPlan placed = place_experts(build_plan(model.config, c.tp), rank0);
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int tp_rank = 0; tp_rank < c.tp; ++tp_rank) {
+        SimLayout l = layout(c.gpus, c.tp, stage, torch::kBFloat16);
+        l.seq_len = 32;
+        l.ep = c.ep;
+        auto shape = rank_shape(model.config, layout_plan(model.config, l), tp_rank, c.ep);
+        const MemoryEstimate m = estimate_memory(model.config, shape, l);
+        const int dp = c.gpus / c.tp, edp = dp / c.ep;
+        const OptimizerConfig adamw;
+        const ModelStateBytes dense = ZeroOptimizer::analytic_bytes(
+            engine_flat(model.config, placed, tp_rank, dp, stage, false), torch::kBFloat16, adamw, false);
+        const ModelStateBytes experts = ZeroOptimizer::analytic_bytes(
+            engine_flat(model.config, placed, tp_rank, edp, stage, true), torch::kBFloat16, adamw, false);
+        EXPECT_EQ(m.expert_states.total(), experts.total()) << c.model << " stage " << stage;
+        EXPECT_EQ(m.states.total(), dense.total() + experts.total()) << c.model << " stage " << stage;
+        // The expert elements: this rank's shards of ep rank 0's experts, count(0) of E.
+        int64_t all_experts = 0;
+        for (const auto& e : placed.entries())
+          if (e.expert >= 0) all_experts += e.spec.local_numel(tp_rank);
+        EXPECT_EQ(m.expert_numel * model.config.num_experts, all_experts * rank0.count(0)) << c.model;
+        // Stage 0 holds every element of them: 2 + 2 + 12 bytes each (bf16 AdamW), units padded to edp.
+        if (stage == 0) {
+          EXPECT_EQ(m.expert_states.total(), 16 * m.expert_numel) << c.model;
+        }
+      }
+    }
+  }
+}
+
+TEST(SimulatorExpertParallel, MixtralAtEpEightHoldsOneExpertPerLayer) {
+  // 32 layers x one expert of 3 x 4096 x 14336: 5.64 B expert parameters per GPU, with
+  // no expert-data-parallel replica (edp 1) all of them held at 16 bytes each (bf16 AdamW).
+  auto model = resolve_sim_model("mixtral-8x7b");
+  SimLayout l = layout(8, 1, 3, torch::kBFloat16);
+  l.seq_len = 4096;
+  l.ep = 8;
+  l.activation_checkpointing = true;
+  const SimResult r = simulate(model, find_cluster("8xH100-80GB"), l);
+  EXPECT_EQ(r.memory.expert_numel, int64_t{32} * 3 * 4096 * 14336);
+  EXPECT_NEAR(static_cast<double>(r.memory.expert_numel) / 5.6e9, 1.0, 0.02);
+  EXPECT_EQ(r.memory.expert_states.total(), 16 * r.memory.expert_numel);
+  EXPECT_FALSE(r.fits);  // 84 GiB of expert states alone
+  // Two nodes: edp 2 partitions them at ZeRO-3 (8 bytes each, 42 GiB).
+  l.gpus = 16;
+  const SimResult two = simulate(model, find_cluster("8xH100-80GB"), l);
+  EXPECT_EQ(two.memory.expert_states.total(), 8 * two.memory.expert_numel);
+  EXPECT_TRUE(two.fits);
+}
+
+TEST(SimulatorExpertParallel, AllToAllVolumeAndTimeInClosedForm) {
+  auto model = resolve_sim_model("preset:mixtral-tiny");  // 5 experts, top-2, hidden 72, 2 layers
+  auto cluster = find_cluster("8xH100-80GB");
+  const int64_t B = 2, T = 32, k = 2, H = 72, a = 2, L = 2;
+  for (const bool recompute : {false, true}) {
+    // ep 5 over 5 GPUs: one expert each, balanced routing sends 4/5 of the rank's k rows per token away.
+    SimLayout l = layout(5, 1, 1, torch::kBFloat16);
+    l.micro_batch = B;
+    l.seq_len = T;
+    l.gas = 3;
+    l.ep = 5;
+    l.activation_checkpointing = recompute;
+    auto shape = rank_shape(model.config, layout_plan(model.config, l), 0, l.ep);
+    EXPECT_DOUBLE_EQ(shape.expert_rows_share, 1.0);
+    const ExpertExchanges x = expert_exchanges(model.config, shape, l);
+    const int64_t passes = recompute ? 2 : 1;
+    EXPECT_EQ(x.exchanges, L * (2 * passes + 2));  // 4 per sparse layer, 6 recomputed
+    EXPECT_EQ(x.count_exchanges, L * passes);
+    EXPECT_DOUBLE_EQ(x.bytes, static_cast<double>(B * T * k * H * a));
+    EXPECT_DOUBLE_EQ(x.bytes_out, static_cast<double>(B * T * k * H * a) * 4 / 5);
+    const TimeEstimate t = estimate_time(model.config, shape, l, cluster);
+    const LinkSpec& nv = cluster.intra_node;
+    const double exchange = nv.latency_s + 0.8 * B * T * k * H * a / nv.bus_bytes_per_s;
+    const double counts = nv.latency_s + 0.8 * 8 * 5 * 1 / nv.bus_bytes_per_s;
+    EXPECT_NEAR(t.ep_comm_s, 3 * (x.exchanges * exchange + x.count_exchanges * counts), 1e-12);
+    EXPECT_EQ(t.ep_collectives, 3 * (x.exchanges + x.count_exchanges));
+    EXPECT_DOUBLE_EQ(t.ep_bytes, 3.0 * x.exchanges * x.bytes_out);
+    EXPECT_DOUBLE_EQ(t.step_s, t.compute_s + t.tp_comm_s + t.ep_comm_s + t.zero_comm_s - t.overlap_s);
+  }
+  // ep 2 over 5 experts: rank 0 holds 3 and receives 2 x 3 / 5 = 1.2 times its own rows.
+  SimLayout l = layout(4, 1, 1, torch::kBFloat16);
+  l.seq_len = T;
+  l.ep = 2;
+  auto shape = rank_shape(model.config, layout_plan(model.config, l), 0, l.ep);
+  EXPECT_EQ(shape.local_experts, 3);
+  EXPECT_DOUBLE_EQ(shape.expert_rows_share, 1.2);
+  EXPECT_DOUBLE_EQ(expert_exchanges(model.config, shape, l).bytes, 1.2 * T * k * H * a);
+}
+
+TEST(SimulatorExpertParallel, ExpertGemmFlopsPerRankAreEpOnesUnderBalancedRouting) {
+  // Qwen3-30B-A3B: at ep 8 a rank runs 16 of the 128 experts on 8 x (its tokens x 8 / 128)
+  // rows each: the same expert FLOPs as ep 1's 128 experts on tokens x 8 / 128 rows each.
+  auto model = resolve_sim_model("qwen3-30b-a3b");
+  auto cluster = find_cluster("8xH100-80GB");
+  SimLayout l = layout(8, 1, 1, torch::kBFloat16);
+  l.seq_len = 4096;
+  auto one = estimate_time(model.config, rank_shape(model.config, layout_plan(model.config, l), 0), l, cluster);
+  l.ep = 8;
+  auto shape = rank_shape(model.config, layout_plan(model.config, l), 0, 8);
+  EXPECT_EQ(shape.local_experts, 16);
+  auto eight = estimate_time(model.config, shape, l, cluster);
+  EXPECT_DOUBLE_EQ(eight.executed_flops, one.executed_flops);
+  EXPECT_DOUBLE_EQ(eight.model_flops, one.model_flops);
+  // Expert elements per rank: 48 layers x 16 experts x 3 x 2048 x 768.
+  EXPECT_EQ(shape.expert_numel, int64_t{48} * 16 * 3 * 2048 * 768);
+}
+
+TEST(SimulatorExpertParallel, ExpertZeroCollectivesRunOverEdp) {
+  // ZeRO-1, mixtral-tiny (2 layers) over dp 4: the dense optimizer reduce-scatters and
+  // gathers its 4 units (embeddings, 2 layers, head) over dp; the experts' 2 layer units
+  // over edp 2 at ep 2, none at ep 4 (edp 1); + tokens, loss and the world's norm.
+  auto model = resolve_sim_model("preset:mixtral-tiny");
+  auto cluster = find_cluster("8xH100-80GB");
+  for (const auto& [ep, expected] : std::vector<std::pair<int, int64_t>>{{1, 2 + 2 * 4 + 1},
+                                                                         {2, 2 + 2 * 4 + 2 * 2 + 1},
+                                                                         {4, 2 + 2 * 4 + 1}}) {
+    SimLayout l = layout(4, 1, 1, torch::kBFloat16);
+    l.seq_len = 32;
+    l.ep = ep;
+    auto shape = rank_shape(model.config, layout_plan(model.config, l), 0, ep);
+    EXPECT_EQ(estimate_time(model.config, shape, l, cluster).zero_collectives, expected) << "ep " << ep;
+  }
+}
+
+TEST(SimulatorCli, ExpertParallelJsonAndSweep) {
+  auto r = test::run_cli(
+      "simulate --model qwen3-30b-a3b --cluster 8xH100-80GB --gpus 8 --tp 1 --ep 8 --zero 3 --seq-len 4096 "
+      "--recompute full --json 2>/dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  json j = json::parse(r.output);
+  EXPECT_EQ(j["layout"]["ep"], 8);
+  EXPECT_EQ(j["layout"]["edp"], 1);
+  EXPECT_EQ(j["memory"]["expert_parameters"].get<int64_t>(), int64_t{48} * 16 * 3 * 2048 * 768);
+  EXPECT_GT(j["memory"]["expert_model_states"].get<int64_t>(), 0);
+  EXPECT_GT(j["time"]["ep_comm_s"].get<double>(), 0);
+  EXPECT_NE(j["notes"].dump().find("balanced routing"), std::string::npos) << j["notes"].dump();
+  // A sweep of a mixture tries every ep of each dp (at most the 5 experts): tp 1 (dp 4) ep 1, 2, 4;
+  // tp 2 (dp 2) ep 1, 2; tp 4 ep 1; x ZeRO 0-3. --ep 2 keeps the tps whose dp it divides.
+  const std::string sweep = "simulate --model preset:mixtral-tiny --cluster 8xH100-80GB --gpus 4 --seq-len 32 --sweep ";
+  auto all = test::run_cli(sweep + "--json 2>/dev/null");
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  EXPECT_EQ(json::parse(all.output).at("results").size(), (3u + 2u + 1u) * 4);
+  auto two = test::run_cli(sweep + "--ep 2 --json 2>/dev/null");
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto results = json::parse(two.output).at("results");
+  EXPECT_EQ(results.size(), 2u * 4);
+  for (const auto& x : results) EXPECT_EQ(x["layout"]["ep"], 2);
+  auto text = test::run_cli(sweep + "2>/dev/null");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find(" ep "), std::string::npos) << text.output;
+}
+
+TEST(SimulatorCli, BadExpertParallelSizeExitsWithTwo) {
+  const std::string base = "simulate --cluster 8xH100-80GB --seq-len 512 ";
+  struct Bad {
+    std::string args, message;
+  };
+  for (const Bad& b :
+       {Bad{"--model llama2-7b --gpus 8 --tp 1 --zero 1 --ep 2", "--ep 2: LlamaForCausalLM is a dense model"},
+        Bad{"--model llama2-7b --gpus 8 --tp 1 --zero 1 --ep 2", "(allowed: --ep 1)"},
+        Bad{"--model mixtral-8x7b --gpus 8 --tp 1 --zero 1 --ep 3",
+            "--ep 3 must divide --gpus / --tp = 8 and be at most the model's 8 experts (allowed: 1, 2, 4, 8)"},
+        Bad{"--model mixtral-8x7b --gpus 8 --tp 2 --zero 1 --ep 8", "--ep 8 must divide --gpus / --tp = 4"},
+        Bad{"--model mixtral-8x7b --gpus 16 --tp 1 --zero 1 --ep 16", "at most the model's 8 experts"},
+        Bad{"--model mixtral-8x7b --gpus 8 --tp 1 --zero 1 --ep 0", "--ep 0 is not an expert-parallel size"},
+        Bad{"--model mixtral-8x7b --gpus 8 --ep 3 --sweep", "--ep 3 must divide"},
+        Bad{"--model mixtral-8x7b --gpus 8 --tp 1 --zero 1 --ep 2 --lora-r 8",
+            "--ep 2 with --lora-r 8 is not supported"}}) {
+    auto r = test::run_cli(base + b.args);
+    EXPECT_EQ(r.exit_code, 2) << b.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(b.message), std::string::npos) << b.args << "\n" << r.output;
   }
 }
 

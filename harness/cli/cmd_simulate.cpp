@@ -32,7 +32,7 @@ struct SimulateArgs {
   std::string model, cluster, dtype = "bf16", optimizer = "AdamW", calibration, scenario, markdown;
   std::vector<std::string> measured;  // --measured, once per round of one layout
   int gpus = 0;
-  std::optional<int> tp, zero;
+  std::optional<int> tp, zero, ep;  // ep: expert_parallel.autoep_size (unset: 1, and a sweep tries every ep)
   int64_t micro_batch = 1, seq_len = 0, gas = 1, reduce_bucket_size = ZeroConfig{}.reduce_bucket_size;
   int64_t allgather_bucket_size = ZeroConfig{}.allgather_bucket_size;
   int64_t lora_r = 0;
@@ -134,6 +134,10 @@ sim::SimLayout layout_from(const SimulateArgs& args, const sim::ClusterSpec& clu
   l.lora_targets = args.lora_targets;
   l.offload_optimizer = args.offload_optimizer;
   l.offload_param = args.offload_param;
+  l.ep = args.ep.value_or(1);
+  AUTOTP_USER_CHECK(l.ep >= 1, "--ep {} is not an expert-parallel size (allowed: an integer >= 1 that divides --gpus / "
+                               "--tp, at most the model's experts)",
+                    l.ep);
   return l;
 }
 
@@ -341,6 +345,7 @@ void compare_measured(const SimulateArgs& args, const sim::ResolvedModel& model,
   a.reduce_bucket_size = lay.value("reduce_bucket_size", a.reduce_bucket_size);
   a.allgather_bucket_size = lay.value("allgather_bucket_size", a.allgather_bucket_size);
   a.persistence_threshold = lay.value("stage3_param_persistence_threshold", a.persistence_threshold);
+  if (lay.contains("ep")) a.ep = lay["ep"].get<int>();  // expert parallelism, where the file records it
   if (lay.contains("recompute")) {
     a.recompute = lay["recompute"].get<std::string>();
     AUTOTP_USER_CHECK(a.recompute != "some layers",
@@ -416,7 +421,8 @@ void run(const SimulateArgs& args) {
   auto model = sim::resolve_sim_model(args.model);
   auto cluster = cluster_from(args, args.cluster);
   if (args.sweep) {
-    auto results = sim::sweep(model, cluster, layout_from(args, cluster));
+    // A mixture of experts: every ep of each dp, unless --ep names one.
+    auto results = sim::sweep(model, cluster, layout_from(args, cluster), !args.ep.has_value());
     if (args.json) {
       json list = json::array();
       for (const auto& r : results) list.push_back(r.to_json());
@@ -446,6 +452,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--gpus", args->gpus, "GPUs (world size)");
   cmd->add_option("--tp", args->tp, "Tensor-parallel size (divides --gpus, at most the heads)");
   cmd->add_option("--zero", args->zero, "ZeRO stage 0-3");
+  cmd->add_option("--ep", args->ep,
+                  "Expert-parallel size of a mixture of experts (expert_parallel.autoep_size; divides --gpus / --tp, "
+                  "at most the experts; default 1; --sweep without it tries every ep)");
   cmd->add_option("--micro-batch", args->micro_batch, "Sequences per GPU per forward (default 1)");
   cmd->add_option("--seq-len", args->seq_len, "Tokens per sequence");
   cmd->add_option("--gas", args->gas, "Gradient accumulation steps (default 1)");

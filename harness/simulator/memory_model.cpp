@@ -8,6 +8,7 @@
 #include "autotp/base/text.h"
 #include "autotp/lora/lora_plan.h"
 #include "autotp/optim/grad_norm.h"
+#include "autotp/tp/expert_parallel.h"
 
 namespace autotp::sim {
 
@@ -28,7 +29,24 @@ LoraConfig layout_lora(const SimLayout& layout) {
 
 TpPlan layout_plan(const ModelConfig& config, const SimLayout& layout) {
   TpPlan plan = build_plan(config, layout.tp, layout.sequence_parallel);
+  if (layout.ep > 1) plan = place_experts(std::move(plan), ExpertPlacement{layout.ep, 0, config.num_experts});
   return layout.lora_r > 0 ? with_lora(std::move(plan), layout_lora(layout)) : plan;
+}
+
+std::vector<HeldFlat> held_flats(const ModelConfig& config, const TpPlan& plan, const SimLayout& layout, int tp_rank,
+                                 bool frozen) {
+  const ZeroUnits ids{config.num_layers};
+  auto held = [&](int dp, bool experts_only, bool dense_only) {
+    std::vector<const PlanEntry*> entries;
+    for (const PlanEntry* e : plan_entries(plan, frozen)) {
+      if (e->remote || (experts_only && e->expert < 0) || (dense_only && e->expert >= 0)) continue;
+      entries.push_back(e);
+    }
+    return HeldFlat{zero_layout(entries, ids, tp_rank, dp, layout.zero_stage, layout.persistence_threshold), dp,
+                    experts_only};
+  };
+  if (layout.ep <= 1) return {held(layout.dp(), false, false)};
+  return {held(layout.dp(), false, true), held(layout.edp(), true, false)};
 }
 
 std::set<std::string> lora_layer_modules(const ModelConfig& config, const SimLayout& layout) {
@@ -112,9 +130,13 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // kept by the routing weight's product; the shared expert's by its gate's.
     // Dense layers of a mixture (mlp_only_layers, decoder_sparse_step) keep their
     // dense MLP's terms instead: per_layer is the mean over the layers.
+    // With ep the inputs are the rows that arrive at this rank's experts (expert_rows_share
+    // of its own tokens x k: the same under balanced routing when the experts divide
+    // evenly) and the outputs kept are those returned for its own tokens.
     if (c.num_experts > 0) {
       const int64_t k = c.experts_per_token;
-      const int64_t sparse_mlp = mlp + a * BTH + 4 * BT * c.num_experts + 2 * k * a * BTH +
+      const int64_t expert_inputs = std::llround(s.expert_rows_share * static_cast<double>(k * a * BTH));
+      const int64_t sparse_mlp = mlp + a * BTH + 4 * BT * c.num_experts + expert_inputs + k * a * BTH +
                                  (c.shared_expert_intermediate_size > 0 ? 2 * a * BTH : 0);
       const int64_t dense_mlp = 4 * a * BT * s.local_dense_intermediate;
       const int64_t sparse_layers = s.sparse_layers;
@@ -147,6 +169,12 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   }
   p.layer_input = a * BtH;
   p.layer_backward += attention_backward + 2 * a * BTH;  // after the terms added above
+  // Expert parallelism: a sparse layer's backward exchanges the output gradients of the
+  // rank's tokens x k rows out and the rows of its experts in (all_to_all_rows), both alive
+  // while they are exchanged; its forward's exchange buffers are smaller than this moment.
+  if (l.ep > 1 && s.sparse_layers > 0)
+    p.layer_backward += a * BTH * c.experts_per_token +
+                        std::llround(s.expert_rows_share * static_cast<double>(c.experts_per_token * a * BTH));
   if (s.gpt2) p.layer_backward += 2 * a * BT * I;  // gelu_new: its backward keeps two more gradients of the MLP width
   const int64_t ce_saved = 4 * BT * V + BT * 8 + 2 * BT;  // softmax (fp32), local targets, masks
   // The softmax is computed in place in the shifted logits (one fp32 buffer, saved).
@@ -204,65 +232,104 @@ struct ForwardBackwardMoments {
   int64_t gathered = 0;         // stage 3: gathered and prefetched units
 };
 
+// One ZeroOptimizer's units in the forward / backward phase: `u` the units
+// gathered (everything at stage 3, the frozen base included), `r` the units whose
+// gradients are reduced, over `dp` ranks (expert parallelism: the experts' over edp).
+struct OptimizerUnits {
+  UnitLengths u, r;
+  int dp = 1;
+};
+
 // Forward / backward phase: the largest of the moments below, each what is
 // alive then besides the model states. Stage 3 holds the unit in use (gathered
 // straight into its buffer) and, with overlap_comm, the next use's units
 // prefetched; stages 2-3 reduce a unit when its backward ends, with
 // overlap_comm behind the next unit's backward (its bucket and reduced slice
 // in flight meanwhile; completed before the next bucket is filled).
-// `u`: the units gathered (everything at stage 3, the frozen base included);
-// `r`: the units whose gradients are reduced, `ra` bytes per element (LoRA: the
-// fp32 adapters; otherwise the same units in the model dtype).
+// `sets`: one per ZeroOptimizer (two with expert parallelism, whose hooks run
+// around the same uses: a moment holds both optimizers' units of that use);
+// `ra` bytes per reduced element (LoRA: the fp32 adapters; otherwise the model dtype).
 ForwardBackwardMoments forward_backward_moments(const ModelConfig& config, const SimLayout& layout,
                                                 const ActivationParts& p, const ActivationLevels& v,
-                                                const UnitLengths& u, const UnitLengths& r, int64_t ra) {
-  const int dp = layout.dp();
+                                                const std::vector<OptimizerUnits>& sets, int64_t ra) {
   const int stage = layout.zero_stage;
   const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
   // offload_param: every use copies the unit's partition in from the host (over one
   // dp rank too, where the copy is the unit), through a temporary of its slice.
   const bool offload_param = layout.offloads_params();
-  const bool sharded = stage == 3 && (dp > 1 || offload_param);
   const bool reduces = stage >= 2;
-  const bool overlap = layout.overlap_comm && dp > 1;
-  auto staging = [&](int64_t n) { return offload_param && dp > 1 ? a * ((n + dp - 1) / dp) : 0; };
+  // Each term sums, over the optimizers, the bytes of the unit `pick` chooses in each.
+  auto over_sets = [&](auto bytes) {
+    int64_t sum = 0;
+    for (const OptimizerUnits& set : sets) sum += bytes(set);
+    return sum;
+  };
+  auto sharded = [&](const OptimizerUnits& set) { return stage == 3 && (set.dp > 1 || offload_param); };
+  auto overlap = [&](const OptimizerUnits& set) { return layout.overlap_comm && set.dp > 1; };
+  auto staging = [&](int64_t n, int dp) { return offload_param && dp > 1 ? a * ((n + dp - 1) / dp) : 0; };
   // The slice temporary lives while its unit is being gathered: the prefetched one with overlap.
-  auto held = [&](int64_t n) { return sharded ? a * n + (overlap ? 0 : staging(n)) : 0; };
-  auto ahead = [&](int64_t n) { return sharded && overlap ? a * n + staging(n) : 0; };
-  auto in_flight = [&](int64_t n) { return reduces && overlap ? ra * n + 4 * n / dp : 0; };
+  auto held = [&](auto pick) {
+    return over_sets([&](const OptimizerUnits& set) {
+      const int64_t n = pick(set.u);
+      return sharded(set) ? a * n + (overlap(set) ? 0 : staging(n, set.dp)) : 0;
+    });
+  };
+  auto ahead = [&](auto pick) {
+    return over_sets([&](const OptimizerUnits& set) {
+      const int64_t n = pick(set.u);
+      return sharded(set) && overlap(set) ? a * n + staging(n, set.dp) : 0;
+    });
+  };
+  auto in_flight = [&](auto pick) {
+    return over_sets([&](const OptimizerUnits& set) {
+      const int64_t n = pick(set.r);
+      return reduces && overlap(set) ? ra * n + 4 * n / set.dp : 0;
+    });
+  };
   // A unit's reduction: its gradients, their contiguous copy (not for a
   // one-tensor unit: its gradient is the bucket) and the reduced slice (fp32).
-  auto reduction = [&](int64_t n, bool one_tensor) {
-    return reduces ? (one_tensor ? 1 : 2) * ra * n + 4 * n / dp : 0;
+  auto reduction = [&](auto pick, bool one_tensor) {
+    return over_sets([&](const OptimizerUnits& set) {
+      const int64_t n = pick(set.r);
+      return reduces ? (one_tensor ? 1 : 2) * ra * n + 4 * n / set.dp : 0;
+    });
   };
+  auto max_layer = [](const UnitLengths& x) { return x.max_layer; };
+  auto head = [](const UnitLengths& x) { return x.head; };
+  auto head_use = [](const UnitLengths& x) { return x.head_use; };
+  auto embed = [](const UnitLengths& x) { return x.embed; };
+  auto nothing = [](const UnitLengths&) { return int64_t{0}; };
   const bool embed_alone = config.family != ModelFamily::kGpt2;
   const bool head_alone =
       stage == 3 && config.family != ModelFamily::kGpt2 && layout.persistence_threshold > config.hidden_size;
-  const int64_t kept = v.kept, max_layer = u.max_layer;
+  const int64_t kept = v.kept;
   // Each moment as {activations, gathered parameters, gradients in reduction}.
   const std::vector<PeakMoment> moments = {
       // The head's forward; its backward, with the last layer prefetched.
-      {kept + p.head_forward, held(u.head_use), 0},
-      {kept + p.head_backward, held(u.head_use) + ahead(max_layer), 0},
+      {kept + p.head_forward, held(head_use), 0},
+      {kept + p.head_backward, held(head_use) + ahead(max_layer), 0},
       // In the first layer backward the head's reduction is in flight; in the later
       // ones a layer's, with one layer's activations fewer.
-      {v.layer_peak, held(max_layer) + ahead(max_layer), in_flight(config.tie_word_embeddings ? 0 : r.head)},
-      {v.layer_peak - v.one_layer, held(max_layer) + ahead(max_layer), in_flight(r.max_layer)},
+      {v.layer_peak, held(max_layer) + ahead(max_layer),
+       config.tie_word_embeddings ? in_flight(nothing) : in_flight(head)},
+      {v.layer_peak - v.one_layer, held(max_layer) + ahead(max_layer), in_flight(max_layer)},
       // The last layer's forward prefetches the head.
-      {kept, held(max_layer) + ahead(u.head_use), 0},
+      {kept, held(max_layer) + ahead(head_use), 0},
       // A unit is released before its gradients are reduced, once its backward is
       // done (a layer's own activations are gone by then).
-      {kept - v.one_layer, ahead(max_layer), reduction(r.max_layer, false)},
+      {kept - v.one_layer, ahead(max_layer), reduction(max_layer, false)},
       // The head's backward has prefetched the last layer by the time its gradients are reduced.
-      config.tie_word_embeddings ? PeakMoment{} : PeakMoment{kept, ahead(max_layer), reduction(r.head, head_alone)},
-      {p.outer, 0, reduction(r.embed, embed_alone)},  // the backward's end
+      config.tie_word_embeddings ? PeakMoment{} : PeakMoment{kept, ahead(max_layer), reduction(head, head_alone)},
+      {p.outer, 0, reduction(embed, embed_alone)},  // the backward's end
   };
   ForwardBackwardMoments fb;
   fb.at_peak = *std::max_element(moments.begin(), moments.end(),
                                  [](const PeakMoment& x, const PeakMoment& y) { return x.total() < y.total(); });
   fb.peak = fb.at_peak.total();
-  fb.transient_grads = reduces ? reduction(std::max({r.max_layer, r.head, r.embed}), false) : 0;
-  fb.gathered = held(std::max({max_layer, u.head_use, u.embed})) + ahead(std::max(max_layer, u.head_use));
+  fb.transient_grads =
+      reduces ? reduction([](const UnitLengths& x) { return std::max({x.max_layer, x.head, x.embed}); }, false) : 0;
+  fb.gathered = held([](const UnitLengths& x) { return std::max({x.max_layer, x.head_use, x.embed}); }) +
+                ahead([](const UnitLengths& x) { return std::max(x.max_layer, x.head_use); });
   return fb;
 }
 
@@ -277,9 +344,8 @@ struct OptimizerMoments {
 // buffer when a unit exceeds allgather_bucket_size), stage 1 first
 // reduce-scatters every unit, two at a time (their received slices; 16-bit
 // ones are summed in fp32 and converted).
-OptimizerMoments optimizer_moments(const SimLayout& layout, int64_t part, const UnitLengths& u,
+OptimizerMoments optimizer_moments(const SimLayout& layout, int64_t part, const UnitLengths& u, int dp,
                                    bool accumulate32) {
-  const int dp = layout.dp();
   const int stage = layout.zero_stage;
   const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
   const bool mixed = layout.dtype != torch::kFloat32;
@@ -330,6 +396,8 @@ nlohmann::json MemoryEstimate::to_json() const {
           {"optimizer_peak", optimizer_peak},
           {"peak_phase", peak_phase}};
   if (states.frozen_params > 0) j["frozen_params"] = states.frozen_params;  // LoRA's base
+  if (expert_numel > 0) j["expert_parameters"] = expert_numel;            // elements: a mixture of experts
+  if (expert_states.total() > 0) j["expert_model_states"] = expert_states.total();  // ep > 1: of model_states
   if (host.total() > 0) {  // ZeRO-Offload only; flat keys, so "total" etc. keep one meaning
     j["host_bytes"] = host.total();
     j["host_master_weights"] = host.master_weights;
@@ -366,31 +434,44 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const torch::ScalarType trained_dtype = layout.lora_r > 0 ? torch::kFloat32 : layout.dtype;
   const bool accumulate32 = trained_dtype != torch::kFloat32 && layout.gas > 1;
   // The engine's flat layouts: units cut over dp (flat_layout.h, zero_units.h), of
-  // what trains and (LoRA) of the frozen base.
+  // what trains and (LoRA) of the frozen base; with expert parallelism the routed
+  // experts of this ep rank are a second optimizer's, over edp.
   const TpPlan plan = layout_plan(config, layout);
-  const ZeroUnits ids{config.num_layers};
-  const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, shape.tp_rank, layout.dp(), layout.zero_stage,
-                                      layout.persistence_threshold);
+  const std::vector<HeldFlat> trained = held_flats(config, plan, layout, shape.tp_rank, false);
   // ZeRO-Offload: the engine's formula says what lives in host memory; the
   // device keeps the rest (master weights and optimizer states leave it, and the
   // stage-3 parameter partition with offload_param: the persistent tensors stay).
   const OffloadPlacement offload{layout.offloads_optimizer(), layout.offloads_params()};
-  const ModelStateBytes engine =
-      ZeroOptimizer::analytic_bytes(flat, trained_dtype, layout.optimizer, accumulate32, offload);
-  m.host = offloaded_bytes(engine, layout, flat.part, trained_dtype);
-  m.states = engine;
+  std::vector<OptimizerUnits> sets;
+  for (const HeldFlat& h : trained) {
+    const ModelStateBytes engine =
+        ZeroOptimizer::analytic_bytes(h.flat, trained_dtype, layout.optimizer, accumulate32, offload);
+    const HostBytes host = offloaded_bytes(engine, layout, h.flat.part, trained_dtype);
+    m.host.master_weights += host.master_weights;
+    m.host.optimizer_states += host.optimizer_states;
+    m.host.grads += host.grads;
+    m.host.params += host.params;
+    m.states += engine;
+    if (h.experts) m.expert_states = engine;
+    const UnitLengths lengths = unit_lengths(config, h.flat);
+    sets.push_back({lengths, lengths, h.dp});
+  }
+  m.expert_numel = shape.expert_numel;
   m.states.host = m.states.offload_buffers = 0;
-  if (offload.optimizer) m.states.master_weights = m.states.optimizer_states = 0;
+  m.expert_states.host = m.expert_states.offload_buffers = 0;
+  if (offload.optimizer) {
+    m.states.master_weights = m.states.optimizer_states = 0;
+    m.expert_states.master_weights = m.expert_states.optimizer_states = 0;
+  }
   if (layout.offloads_params()) m.states.params -= m.host.params;
-  const UnitLengths reduced = unit_lengths(config, flat);
-  UnitLengths units = reduced;
-  if (layout.lora_r > 0) {
-    const FlatLayout frozen = zero_layout(plan_entries(plan, true), ids, shape.tp_rank, layout.dp(),
-                                          layout.zero_stage, layout.persistence_threshold);
+  if (layout.lora_r > 0) {  // one optimizer (LoRA runs without ep)
+    const FlatLayout frozen = held_flats(config, plan, layout, shape.tp_rank, true).front().flat;
     m.states.frozen_params = analytic_frozen_bytes(frozen, layout.dtype);
     // Stage 3 gathers a unit's frozen base and adapters together (in their dtypes:
     // counted in model-dtype elements of the same bytes).
     const UnitLengths base = unit_lengths(config, frozen);
+    const UnitLengths& reduced = sets.front().r;
+    UnitLengths& units = sets.front().u;
     const int64_t a = static_cast<int64_t>(c10::elementSize(layout.dtype));
     auto in_model_dtype = [&](int64_t trained_elements) { return trained_elements * 4 / a; };
     units.max_layer = base.max_layer + in_model_dtype(reduced.max_layer);
@@ -405,15 +486,22 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RankShape& shape
   const int64_t data = 2 * 8 * layout.micro_batch * layout.seq_len * layout.gas;  // input ids + labels
   m.activations = levels.peak + data;
 
-  const ForwardBackwardMoments fb = forward_backward_moments(
-      config, layout, p, levels, units, reduced, static_cast<int64_t>(c10::elementSize(trained_dtype)));
+  const ForwardBackwardMoments fb = forward_backward_moments(config, layout, p, levels, sets,
+                                                             static_cast<int64_t>(c10::elementSize(trained_dtype)));
   m.forward_backward_peak = m.states.total() + fb.peak + data;
   m.at_peak = fb.at_peak;
   m.at_peak.activations += data;
 
-  SimLayout trained = layout;
-  trained.dtype = trained_dtype;  // the optimizer phase works on what trains
-  const OptimizerMoments optimizer = optimizer_moments(trained, flat.part, reduced, accumulate32);
+  // The optimizers step one after the other: the larger one's temporaries and buffers.
+  SimLayout trained_layout = layout;
+  trained_layout.dtype = trained_dtype;  // the optimizer phase works on what trains
+  OptimizerMoments optimizer;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    const OptimizerMoments o =
+        optimizer_moments(trained_layout, trained[i].flat.part, sets[i].r, trained[i].dp, accumulate32);
+    optimizer.temporaries = std::max(optimizer.temporaries, o.temporaries);
+    optimizer.unit_comm = std::max(optimizer.unit_comm, o.unit_comm);
+  }
   const int64_t base = m.states.total() + data;
   m.optimizer_peak = base + std::max(optimizer.temporaries, optimizer.unit_comm);
 

@@ -1,6 +1,8 @@
 // Per-rank memory of a training layout, as this engine allocates it:
 //   - model states between steps: ZeroOptimizer::analytic_bytes on the rank's
-//     TpPlan shard (exactly what the engine measures; docs/memory.md)
+//     TpPlan shard (exactly what the engine measures; docs/memory.md); with
+//     expert parallelism on each of its two layouts (dense over dp, this ep
+//     rank's experts over edp), summed as the engine's analytic_model_state
 //   - activations kept for the backward, counted tensor by tensor from what the
 //     engine's autograd graph saves (docs/simulator.md lists them), plus the
 //     transients at the peak moment (the vocab-parallel cross-entropy, the
@@ -12,8 +14,10 @@
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "autotp/arch/model_config.h"
 #include "autotp/lora/lora_config.h"
@@ -53,7 +57,12 @@ struct SimLayout {
   // (stage 3 only, and only with offload_optimizer: validate_layout rejects the rest).
   bool offload_optimizer = false;
   bool offload_param = false;
+  // Expert parallelism (expert_parallel.autoep_size; docs/simulator.md "Expert
+  // parallelism"): each sparse layer's routed experts cut over ep ranks taken from
+  // dp; the experts' ZeRO optimizer partitions over edp = dp / ep. 1 = off.
+  int ep = 1;
   int dp() const { return gpus / tp; }
+  int edp() const { return dp() / std::max(ep, 1); }
   bool offloads_optimizer() const { return offload_optimizer && zero_stage >= 1; }
   bool offloads_params() const { return offload_param && offload_optimizer && zero_stage == 3; }
   bool recompute() const { return activation_checkpointing; }
@@ -63,8 +72,22 @@ struct SimLayout {
 
 // The LoRA config of a layout with lora_r > 0 (lora_alpha = 2 r: the scale is irrelevant to cost).
 LoraConfig layout_lora(const SimLayout& layout);
-// The plan the engine trains on: build_plan, with the LoRA factors when the layout has them.
+// The plan the engine trains on: build_plan, with the LoRA factors when the layout has them;
+// with ep > 1 placed for ep rank 0 (place_experts), the rank holding the most experts.
 TpPlan layout_plan(const ModelConfig& config, const SimLayout& layout);
+
+// One ZeroOptimizer's flat layout, as the engine builds it from the rank's
+// parameters (plan order, other ep ranks' experts left out): without ep one
+// over dp holding everything; with ep the dense one over dp and the routed
+// experts' over edp (zero_optimizer.cpp's HeldSet kDense / kExperts).
+struct HeldFlat {
+  FlatLayout flat;
+  int dp = 1;            // ranks it is partitioned over: dp, or edp for the experts
+  bool experts = false;  // the routed experts' optimizer
+};
+// What trains (frozen false) or LoRA's frozen base (true), for tp rank `tp_rank` of `plan` (layout_plan's).
+std::vector<HeldFlat> held_flats(const ModelConfig& config, const TpPlan& plan, const SimLayout& layout, int tp_rank,
+                                 bool frozen);
 // LoRA: the adapted linears of decoder layer 0, by their name inside the layer ("self_attn.q_proj").
 std::set<std::string> lora_layer_modules(const ModelConfig& config, const SimLayout& layout);
 
@@ -96,6 +119,10 @@ struct PeakMoment {
 
 struct MemoryEstimate {
   ModelStateBytes states;          // on the device between steps (the engine's formula less what is offloaded)
+  // Expert parallelism: of `states`, the routed experts' optimizer (this ep rank's experts over edp),
+  // and the expert elements this rank holds (its tp shards of its experts, before ZeRO partitioning).
+  ModelStateBytes expert_states;
+  int64_t expert_numel = 0;
   HostBytes host;                  // ZeRO-Offload: host memory of this rank
   // Each kind below is its largest amount during the step; `total` is the peak of the sum.
   int64_t activations = 0;         // saved activations + backward transients (one micro-batch) + the batch

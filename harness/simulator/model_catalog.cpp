@@ -27,6 +27,36 @@ json gpt2(int64_t hidden, int64_t layers, int64_t heads) {
           {"layer_norm_epsilon", 1e-5}, {"tie_word_embeddings", true}, {"torch_dtype", "float32"}};
 }
 
+// Mixtral-8x7B-v0.1's config.json (mistralai/Mixtral-8x7B-v0.1).
+json mixtral_8x7b() {
+  json j = llama("MixtralForCausalLM", 32000, 4096, 14336, 32, 32, 8, 32768, 1e-5, 1e6, false);
+  j["num_local_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["output_router_logits"] = false;
+  j["router_aux_loss_coef"] = 0.02;
+  j["router_jitter_noise"] = 0.0;
+  j["sliding_window"] = nullptr;
+  return j;
+}
+
+// Qwen3-30B-A3B's config.json (Qwen/Qwen3-30B-A3B): 128 experts of width 768, top-8, no shared expert.
+json qwen3_30b_a3b() {
+  json j = llama("Qwen3MoeForCausalLM", 151936, 2048, 6144, 48, 32, 4, 40960, 1e-6, 1e6, false);
+  j["head_dim"] = 128;
+  j["attention_bias"] = false;
+  j["num_experts"] = 128;
+  j["num_experts_per_tok"] = 8;
+  j["moe_intermediate_size"] = 768;
+  j["norm_topk_prob"] = true;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = json::array();
+  j["output_router_logits"] = false;
+  j["router_aux_loss_coef"] = 0.001;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  return j;
+}
+
 std::vector<CatalogModel> make_catalog() {
   const std::string L = "LlamaForCausalLM", Q = "Qwen2ForCausalLM";
   return {
@@ -42,6 +72,9 @@ std::vector<CatalogModel> make_catalog() {
       {"gpt2-medium", "openai-community/gpt2-medium", 354823168, gpt2(1024, 24, 16)},
       {"gpt2-large", "openai-community/gpt2-large", 774030080, gpt2(1280, 36, 20)},
       {"gpt2-xl", "openai-community/gpt2-xl", 1557611200, gpt2(1600, 48, 25)},
+      // Mixtures of experts (expert parallelism: --ep).
+      {"mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 46702792704, mixtral_8x7b()},
+      {"qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 30532122624, qwen3_30b_a3b()},
   };
 }
 

@@ -1,5 +1,7 @@
 #include "simulator/rank_shape.h"
 
+#include <set>
+
 #include "autotp/arch/layer_names.h"
 #include "autotp/model/causal_lm.h"
 
@@ -18,8 +20,9 @@ TpPlan build_plan(const ModelConfig& config, int tp, bool sequence_parallel) {
   return TpPlan::build(config, options);
 }
 
-RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank) {
+RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank, int ep_size) {
   RankShape s;
+  s.ep = ep_size;
   s.tp = plan.tp_size();
   s.tp_rank = tp_rank;
   s.gpt2 = config.family == ModelFamily::kGpt2;
@@ -33,8 +36,25 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
     return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   for (int64_t layer = 0; layer < config.num_layers; ++layer) s.sparse_layers += config.is_sparse(layer) ? 1 : 0;
+  // The routed experts this rank holds in one sparse layer (the same count in each).
+  std::set<int64_t> held_experts;
+  int64_t expert_layer = -1;
   for (const auto& e : plan.entries()) {
+    if (e.expert < 0 || e.remote) continue;
+    const int64_t layer = decoder_layer_of(e.desc.name);
+    if (expert_layer < 0) expert_layer = layer;
+    if (layer == expert_layer) held_experts.insert(e.expert);
+  }
+  s.local_experts = static_cast<int64_t>(held_experts.size());
+  if (config.num_experts > 0) {
+    TORCH_INTERNAL_ASSERT(ep_size == 1 || s.local_experts < config.num_experts,
+                          "rank_shape: ep ", ep_size, " needs the plan placed for one ep rank (place_experts)");
+    s.expert_rows_share = static_cast<double>(ep_size * s.local_experts) / static_cast<double>(config.num_experts);
+  }
+  for (const auto& e : plan.entries()) {
+    if (e.remote) continue;  // another ep rank's expert: no tensor here
     const int64_t n = e.spec.local_numel(tp_rank);
+    if (e.expert >= 0) s.expert_numel += n;
     const FlatRange range{s.local_numel, s.local_numel + n};
     s.local_numel += n;
     if (!e.frozen) s.trained_numel += n;
@@ -74,7 +94,7 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
       l.row = e.role == TpRole::kRow;
       l.frozen = e.frozen;
       const bool expert = e.desc.axes[0] == Axis::kExpertIntermediate || e.desc.axes[1] == Axis::kExpertIntermediate;
-      if (expert) l.token_share = static_cast<double>(config.experts_per_token) / config.num_experts;
+      if (expert) l.token_share = static_cast<double>(ep_size * config.experts_per_token) / config.num_experts;
       s.layer_linears.push_back(l);
       // What the layer computes per rank, from the axis each projection writes.
       const Axis out = e.desc.axes[e.desc.out_dim()];
@@ -86,8 +106,10 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank)
                            config.head_dim;
       if (out == Axis::kIntermediate) s.local_intermediate = l.out;
       if (out == Axis::kGateUp) s.local_intermediate = l.out / 2;
-      // A token's activations in a sparse block: its top-k experts' (and the shared expert's) features.
-      if (out == Axis::kExpertIntermediate) s.local_intermediate = l.out * config.experts_per_token;
+      // A token's activations in a sparse block: its top-k experts' (and the shared expert's)
+      // features; with ep the rows this rank's experts compute, per token of the rank.
+      if (out == Axis::kExpertIntermediate)
+        s.local_intermediate = l.out * config.experts_per_token * ep_size * s.local_experts / config.num_experts;
       if (out == Axis::kSharedExpertIntermediate && ends_with(l.name, "gate_proj"))
         s.local_intermediate += l.out;
     }

@@ -1,5 +1,6 @@
 // What one tensor-parallel rank holds and computes, read from the engine's own
-// TpPlan / ShardSpec (never re-derived): parameter elements in total, per
+// TpPlan / ShardSpec (never re-derived; with expert parallelism the plan placed
+// for one ep rank): parameter elements in total, per
 // decoder layer and outside the layers, the local widths of every linear, local
 // query / kv heads, intermediate and vocab widths, and the parameters whose kv
 // slices are shared by several tp ranks (their gradients are summed over tp).
@@ -18,7 +19,9 @@ struct LocalLinear {
   std::string name;        // module suffix inside the layer, e.g. "self_attn.q_proj"
   int64_t in = 0, out = 0; // local input / output features of this rank
   bool row = false;        // row-parallel: all-reduce of the output in the forward
-  double token_share = 1;  // of the batch's tokens it sees: an expert's experts_per_token / num_experts on average
+  // Of the rank's tokens it sees: an expert's experts_per_token / num_experts on
+  // average; with ep, ep times that (balanced routing: each of the ep ranks sends it its share).
+  double token_share = 1;
   bool frozen = false;     // LoRA's base: no weight-gradient GEMM
 };
 
@@ -30,6 +33,14 @@ struct FlatRange {
 struct RankShape {
   int tp = 1, tp_rank = 0;
   int64_t local_numel = 0;                // every parameter's ShardSpec::local_numel, summed (Psi)
+  // Expert parallelism: ep size, the routed experts this rank holds per sparse layer (all
+  // without ep), their elements (part of local_numel), and the rows its experts compute
+  // over the rank's own tokens x top-k (ep x local experts / experts under balanced routing: 1
+  // when the experts divide evenly, more on the first ranks of an uneven split).
+  int ep = 1;
+  int64_t local_experts = 0;
+  int64_t expert_numel = 0;
+  double expert_rows_share = 1;
   int64_t trained_numel = 0;              // of them, what trains (all but LoRA's frozen base)
   bool head_trains = true;                // the LM head's weight gradient is computed
   std::vector<int64_t> layer_numel;       // per decoder layer
@@ -53,7 +64,9 @@ struct RankShape {
   int64_t max_layer_numel() const;
 };
 
-RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank);
+// `plan` with ep_size > 1 is placed (place_experts) for the ep rank described:
+// its other ranks' experts (remote) are left out, as the engine allocates none.
+RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank, int ep_size = 1);
 // The plan the engine builds for `tp` (TpPlanOptions with defaults, and sequence
 // parallelism when asked: it adds the partial-gradient reductions of norms, row
 // biases and GPT-2's positions to the tp traffic).

@@ -39,8 +39,13 @@ void validate_layout(const ModelConfig& config, const ClusterSpec& cluster, cons
 SimResult simulate(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& layout);
 
 // Every (tp, stage) for layout.gpus: tp dividing the GPUs and at most the heads, stages 0-3;
-// sorted by tokens/s (fitting layouts first).
-std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& base);
+// for a mixture of experts also every ep of each dp (allowed_ep) when `every_ep`, else
+// base.ep alone (the tp whose dp it divides); sorted by tokens/s (fitting layouts first).
+std::vector<SimResult> sweep(const ResolvedModel& model, const ClusterSpec& cluster, const SimLayout& base,
+                             bool every_ep = true);
+
+// The expert-parallel sizes a model allows at `dp`: divisors of dp, at most its experts (1 for a dense model).
+std::vector<int> allowed_ep(const ModelConfig& config, int dp);
 
 // Human-readable reports.
 std::string format_result(const SimResult& r);

@@ -1,5 +1,6 @@
 #include "simulator/time_model.h"
 
+#include "autotp/tp/expert_parallel.h"
 #include "autotp/tp/tp_traffic.h"
 #include "autotp/zero/zero_traffic.h"
 #include "autotp/zero/zero_units.h"
@@ -17,7 +18,7 @@ namespace autotp::sim {
 namespace {
 
 double factor(CollectiveOp op, int n) {
-  return op == CollectiveOp::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+  return op == CollectiveOp::kAllReduce ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;  // all-to-all too
 }
 
 // The calibrated cost for group size n, or the nearest calibrated size scaled by the ring factor.
@@ -98,13 +99,26 @@ LayerOps layer_ops(const ModelConfig& c, const RankShape& s, int64_t B, int64_t 
     // tokens, the weighting and the index_add back, and its own activation and product.
     // Every layer is modelled on layer 0: these count in the share of the layers that are sparse.
     const double E = static_cast<double>(c.num_experts), k = static_cast<double>(c.experts_per_token);
-    const double rows = BT * k / E;  // an expert's share of the tokens
     const double sparse = static_cast<double>(s.sparse_layers) / std::max<int64_t>(1, c.num_layers);
     l.ops.push_back({6 * sparse, BT * E});
-    l.ops.push_back({2 * E * sparse, BT * k});
-    l.ops.push_back({3 * E * sparse, rows});
-    l.ops.push_back({3 * E * sparse, rows * s.hidden});
-    l.ops.push_back({2 * (E - 1) * sparse, 0});
+    if (s.ep <= 1) {
+      const double rows = BT * k / E;  // an expert's share of the tokens
+      l.ops.push_back({2 * E * sparse, BT * k});
+      l.ops.push_back({3 * E * sparse, rows});
+      l.ops.push_back({3 * E * sparse, rows * s.hidden});
+      l.ops.push_back({2 * (E - 1) * sparse, 0});
+    } else {
+      // Expert parallelism (expert_dispatch.cpp): one sort of the choices and the
+      // counts, the gather of the rows to send, the regrouping of the rows that
+      // arrive, the concatenation of the local experts' outputs and their reordering
+      // back, then the weighting and the index_add of the returned rows.
+      const double local = static_cast<double>(s.local_experts);
+      const double arrived = BT * k * s.expert_rows_share;  // rows this rank's experts compute
+      l.ops.push_back({4 * sparse, BT * k});
+      l.ops.push_back({3 * sparse, BT * k * s.hidden});
+      l.ops.push_back({3 * sparse, arrived * s.hidden});
+      l.ops.push_back({2 * local * sparse, 0});
+    }
   }
   return l;
 }
@@ -140,6 +154,7 @@ nlohmann::json TimeEstimate::to_json() const {
           {"overlap_s", overlap_s},     {"step_s", step_s},                 {"gemm_s", gemm_s},
           {"elementwise_s", elementwise_s}, {"overhead_s", overhead_s}, {"optimizer_s", optimizer_s},   {"tp_collectives", tp_collectives},
           {"zero_collectives", zero_collectives},
+          {"ep_comm_s", ep_comm_s},     {"ep_collectives", ep_collectives}, {"ep_bytes", ep_bytes},
           {"offload", {{"pcie_d2h_bytes", pcie_d2h_bytes},
                        {"pcie_h2d_bytes", pcie_h2d_bytes},
                        {"pcie_d2h_s", pcie_d2h_s},
@@ -155,8 +170,10 @@ double collective_seconds(const ClusterSpec& c, CollectiveOp op, double bytes, i
     // Calibrated: all-reduce and all-gather. A reduce-scatter is the all-reduce's
     // first half (each rank sums only its slice): its bytes term scaled by
     // (n-1)/n over 2(n-1)/n.
-    const auto& table = op == CollectiveOp::kAllGather ? c.calibration->all_gather : c.calibration->all_reduce;
-    const CollectiveOp measured = op == CollectiveOp::kAllGather ? CollectiveOp::kAllGather : CollectiveOp::kAllReduce;
+    // An all-to-all moves an all-gather's bytes per rank: timed from the all-gather fit.
+    const bool gather_like = op == CollectiveOp::kAllGather || op == CollectiveOp::kAllToAll;
+    const auto& table = gather_like ? c.calibration->all_gather : c.calibration->all_reduce;
+    const CollectiveOp measured = gather_like ? CollectiveOp::kAllGather : CollectiveOp::kAllReduce;
     int n = 0;
     const LinearCost* cost = nearest(table, group, &n);
     if (cost) return cost->latency_s + (bytes / cost->rate) * factor(op, group) / factor(measured, n);
@@ -227,12 +244,13 @@ double micro_batch_elementwise_s(const ModelConfig& config, const RankShape& s, 
   return micro;
 }
 
-// Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
-double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSpec& c, const Elementwise& e) {
+// One optimizer on its partition of `trained` elements over `dp` ranks.
+double optimizer_seconds(int64_t trained, int dp, const RankShape& s, const SimLayout& l, const ClusterSpec& c,
+                         const Elementwise& e) {
   const bool sixteen = l.dtype != torch::kFloat32;
   const int64_t a = element_bytes(l);
-  const int dp = l.dp(), stage = l.zero_stage;
-  const int64_t P = (s.trained_numel + dp - 1) / dp * dp;  // what trains (LoRA: the adapters)
+  const int stage = l.zero_stage;
+  const int64_t P = (trained + dp - 1) / dp * dp;  // what trains (LoRA: the adapters)
   const double part = static_cast<double>(stage == 0 ? P : P / dp);
   // With offload_optimizer the device computes only the norm: the update runs on
   // the host (cpu_adam_s) and writes the model-dtype parameters there.
@@ -248,6 +266,15 @@ double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSp
          + (sixteen && s.trained_numel == s.local_numel && !offload ? e.fwd(part, 1) : 0)
          + (stage == 1 || stage == 2 ? e.fwd(static_cast<double>(P) * a / 4, 2) : 0)  // gather copies
          + (stage >= 2 ? e.fwd(part, 1) : 0);  // the kept gradient partition
+}
+
+// Optimizer on the partition: grad norm (fp64), clipping, AdamW's passes, copies back.
+// With expert parallelism each of the two optimizers on its own: the dense
+// elements over dp, this rank's experts over edp.
+double optimizer_seconds(const RankShape& s, const SimLayout& l, const ClusterSpec& c, const Elementwise& e) {
+  if (l.ep <= 1) return optimizer_seconds(s.trained_numel, l.dp(), s, l, c, e);
+  return optimizer_seconds(s.trained_numel - s.expert_numel, l.dp(), s, l, c, e) +
+         optimizer_seconds(s.expert_numel, l.edp(), s, l, c, e);
 }
 
 // Compute: GEMMs, elementwise work and the optimizer step (compute_s and its parts).
@@ -351,50 +378,58 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
     const double layer_gathers = c.calibration ? skew * at_group(c.calibration->layer_gather_skew, dp) : 0;
     bool gathers_layers = false;
     // The collectives of what trains (LoRA: the fp32 adapters); stage 3 also gathers the frozen base.
+    // With expert parallelism the routed experts' optimizer issues its own over edp.
     const TpPlan plan = layout_plan(config, l);
-    const ZeroUnits ids{config.num_layers};
-    const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, s.tp_rank, dp, stage, l.persistence_threshold);
-    ZeroStepShape zs = zero_step_shape(config, l);
-    std::vector<ZeroCollective> collectives;
-    if (l.lora_r > 0) {
-      ZeroStepShape trained = zs;
-      trained.element_bytes = 4;
-      trained.fp32_accumulation = false;
-      collectives = zero_step_collectives(flat, trained);
-      if (stage == 3) {
-        const FlatLayout frozen =
-            zero_layout(plan_entries(plan, true), ids, s.tp_rank, dp, stage, l.persistence_threshold);
-        for (const auto& z : zero_step_collectives(frozen, zs))
-          if (z.op == ZeroCollective::Op::kAllGather) collectives.push_back(z);
+    const ZeroStepShape zs = zero_step_shape(config, l);
+    int64_t edp_calls = 0;  // of `calls`, the experts' (over edp)
+    for (const HeldFlat& held : held_flats(config, plan, l, s.tp_rank, false)) {
+      const int group = held.dp;
+      if (group <= 1) continue;  // a group of one communicates nothing
+      std::vector<ZeroCollective> collectives;
+      if (l.lora_r > 0) {
+        ZeroStepShape trained = zs;
+        trained.element_bytes = 4;
+        trained.fp32_accumulation = false;
+        collectives = zero_step_collectives(held.flat, trained);
+        if (stage == 3) {
+          const FlatLayout frozen = held_flats(config, plan, l, s.tp_rank, true).front().flat;
+          for (const auto& z : zero_step_collectives(frozen, zs))
+            if (z.op == ZeroCollective::Op::kAllGather) collectives.push_back(z);
+        }
+      } else {
+        collectives = zero_step_collectives(held.flat, zs);
       }
-    } else {
-      collectives = zero_step_collectives(flat, zs);
-    }
-    for (const auto& z : collectives) {
-      CollectiveOp op = z.op == ZeroCollective::Op::kAllGather   ? CollectiveOp::kAllGather
-                        : z.op == ZeroCollective::Op::kAllReduce ? CollectiveOp::kAllReduce
-                        : c.native_reduce_scatter                ? CollectiveOp::kReduceScatter
-                                                                 : CollectiveOp::kAllReduce;
-      // An all-reduce of 16-bit gradients moves fp32 where the backend sums in fp32.
-      const double widen = op == CollectiveOp::kAllReduce && c.reduce_16bit_as_fp32 && zs.element_bytes == 2 &&
-                                   l.lora_r == 0 && !(zs.fp32_accumulation && stage <= 1)
-                               ? 2.0
-                               : 1.0;
-      const double seconds =
-          z.calls * collective_seconds(c, op, widen * static_cast<double>(z.bytes) / z.calls, dp, dp_scope);
-      zero += seconds;
-      gathers_layers = gathers_layers || z.layer_gather;
-      if (z.behind == ZeroCollective::Behind::kForward) hide.behind_forward += seconds;
-      if (z.behind == ZeroCollective::Behind::kBackward) hide.behind_backward += seconds;
-      if (z.behind == ZeroCollective::Behind::kUpdate) hide.behind_update += seconds;
-      if (stage == 1 && z.op == ZeroCollective::Op::kReduceScatter) hide.step_reductions += seconds;
-      calls += z.calls;
+      for (const auto& z : collectives) {
+        CollectiveOp op = z.op == ZeroCollective::Op::kAllGather   ? CollectiveOp::kAllGather
+                          : z.op == ZeroCollective::Op::kAllReduce ? CollectiveOp::kAllReduce
+                          : c.native_reduce_scatter                ? CollectiveOp::kReduceScatter
+                                                                   : CollectiveOp::kAllReduce;
+        // An all-reduce of 16-bit gradients moves fp32 where the backend sums in fp32.
+        const double widen = op == CollectiveOp::kAllReduce && c.reduce_16bit_as_fp32 && zs.element_bytes == 2 &&
+                                     l.lora_r == 0 && !(zs.fp32_accumulation && stage <= 1)
+                                 ? 2.0
+                                 : 1.0;
+        const double seconds =
+            z.calls * collective_seconds(c, op, widen * static_cast<double>(z.bytes) / z.calls, group, dp_scope);
+        zero += seconds;
+        gathers_layers = gathers_layers || z.layer_gather;
+        if (z.behind == ZeroCollective::Behind::kForward) hide.behind_forward += seconds;
+        if (z.behind == ZeroCollective::Behind::kBackward) hide.behind_backward += seconds;
+        if (z.behind == ZeroCollective::Behind::kUpdate) hide.behind_update += seconds;
+        if (stage == 1 && z.op == ZeroCollective::Op::kReduceScatter) hide.step_reductions += seconds;
+        calls += z.calls;
+        if (held.experts) edp_calls += z.calls;
+      }
     }
     zero += (stage == 1 || stage == 2 ? 2 : 1) * after_compute;  // the gradient reduction (+ the parameter gather)
     if (gathers_layers) zero += layer_gathers;
-    if (c.calibration)  // each lock-step collective's wait for a descheduled partner
-      zero += static_cast<double>(calls) * c.calibration->skew_share(l.gpus) *
+    if (c.calibration) {  // each lock-step collective's wait for a descheduled partner
+      zero += static_cast<double>(calls - edp_calls) * c.calibration->skew_share(l.gpus) *
               at_group(c.calibration->collective_wake_s, dp);
+      if (edp_calls > 0)
+        zero += static_cast<double>(edp_calls) * c.calibration->skew_share(l.gpus) *
+                at_group(c.calibration->collective_wake_s, l.edp());
+    }
     t.zero_comm_s = zero;
     t.zero_collectives = calls;
   }
@@ -443,29 +478,44 @@ void add_offload(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   const int64_t low = static_cast<int64_t>(c10::elementSize(trained));
   const bool mixed = trained != torch::kFloat32;
   const int64_t grad_bytes = mixed && l.gas > 1 ? 4 : low;
-  const int dp = l.dp(), stage = l.zero_stage;
+  const int stage = l.zero_stage;
   const TpPlan plan = layout_plan(config, l);
   const ZeroUnits ids{config.num_layers};
-  const FlatLayout flat = zero_layout(plan_entries(plan, false), ids, s.tp_rank, dp, stage, l.persistence_threshold);
+  // Every optimizer offloads its own partition (expert parallelism: the experts' over edp too).
+  const std::vector<HeldFlat> flats = held_flats(config, plan, l, s.tp_rank, false);
   const double link = c.host_link_bytes_per_s;
-  const int units = static_cast<int>(flat.units.size());
-  auto slice = [&](int u) { return u < units ? flat.units[u].length / dp : int64_t{0}; };
+  // Elements of unit u of every optimizer's partition, summed (`sum`) or the largest.
+  auto slice = [&](const HeldFlat& h, int u) {
+    return u >= 0 && u < static_cast<int>(h.flat.units.size()) ? h.flat.units[u].length / h.dp : int64_t{0};
+  };
+  auto sum = [&](int u) {
+    int64_t n = 0;
+    for (const HeldFlat& h : flats) n += slice(h, u);
+    return n;
+  };
+  int64_t part = 0, piece_elements = 0;
+  for (const HeldFlat& h : flats) {
+    part += h.flat.part;
+    piece_elements = std::max(piece_elements, std::min(h.flat.part, kUpdateChunk));
+  }
   const double fb = t.gemm_s + t.elementwise_s, forward_share = 1.0 / (l.recompute() ? 4 : 3);
   const double gas = static_cast<double>(l.gas);
 
   // Gradients, device -> host.
-  t.pcie_d2h_bytes = flat.part * grad_bytes;
+  t.pcie_d2h_bytes = part * grad_bytes;
   t.pcie_d2h_s = static_cast<double>(t.pcie_d2h_bytes) / link;
   int64_t last_copied = 0;  // elements whose copies nothing runs beside
   double window = 0;
   if (stage == 1) {
-    for (int u = 0; u < units; ++u) last_copied = std::max(last_copied, slice(u));
+    for (const HeldFlat& h : flats)
+      for (int u = 0; u < static_cast<int>(h.flat.units.size()); ++u) last_copied = std::max(last_copied, slice(h, u));
     window = hide.step_reductions;
   } else {
     // The units reduced at the backward's end (zero_traffic.h's reduced_behind).
-    for (int u : {static_cast<int>(ZeroUnits::kEmbedding), flat.whole_unit, static_cast<int>(ids.layer(0))})
-      if (u >= 0) last_copied += slice(u);
-    if (config.tie_word_embeddings) last_copied += slice(ids.head());
+    for (const HeldFlat& h : flats)
+      for (int u : {static_cast<int>(ZeroUnits::kEmbedding), h.flat.whole_unit, static_cast<int>(ids.layer(0))})
+        last_copied += slice(h, u);
+    if (config.tie_word_embeddings) last_copied += sum(ids.head());
     window = fb / gas * (1 - forward_share);  // the last micro-batch's backward
   }
   t.offload_d2h_exposed_s =
@@ -476,13 +526,13 @@ void add_offload(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   double rate = c.cpu_adam_bytes_per_core_s * c.host_cores / ranks_per_node;
   if (c.host_memory_bytes_per_s > 0) rate = std::min(rate, c.host_memory_bytes_per_s / ranks_per_node);
   const int64_t adam_bytes = 12 + 8 * optimizer_state_count(l.optimizer) + (mixed ? 2 * (low + 4) : 0);
-  t.cpu_adam_s = static_cast<double>(flat.part * adam_bytes) / rate;
+  t.cpu_adam_s = static_cast<double>(part * adam_bytes) / rate;
 
   // Parameters, host -> device.
   if (!l.offloads_params()) {
-    t.pcie_h2d_bytes = flat.part * low;
+    t.pcie_h2d_bytes = part * low;
     t.pcie_h2d_s = static_cast<double>(t.pcie_h2d_bytes) / link;
-    const double piece = static_cast<double>(std::min(flat.part, kUpdateChunk) * low) / link;
+    const double piece = static_cast<double>(piece_elements * low) / link;
     t.offload_h2d_exposed_s = std::max(piece, t.pcie_h2d_s - t.cpu_adam_s);
     return;
   }
@@ -491,20 +541,20 @@ void add_offload(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
   double behind_forward = 0, behind_backward = 0, behind_nothing = 0;  // elements per micro-batch
   const int embed = ZeroUnits::kEmbedding;
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
-    behind_forward += static_cast<double>(slice(ids.layer(layer)));
-    behind_backward += static_cast<double>(slice(ids.layer(layer)));
+    behind_forward += static_cast<double>(sum(ids.layer(layer)));
+    behind_backward += static_cast<double>(sum(ids.layer(layer)));
   }
-  behind_forward += static_cast<double>(slice(ids.head()));
-  behind_nothing += static_cast<double>(slice(ids.head()) + slice(embed));
+  behind_forward += static_cast<double>(sum(ids.head()));
+  behind_nothing += static_cast<double>(sum(ids.head()) + sum(embed));
   if (config.tie_word_embeddings) {
-    behind_forward += static_cast<double>(slice(embed));
-    behind_nothing += static_cast<double>(slice(embed));
+    behind_forward += static_cast<double>(sum(embed));
+    behind_nothing += static_cast<double>(sum(embed));
   }
   const double per_element = gas * static_cast<double>(low) / link;
   t.pcie_h2d_bytes = static_cast<int64_t>((behind_forward + behind_backward + behind_nothing) * gas) * low;
   t.pcie_h2d_s = static_cast<double>(t.pcie_h2d_bytes) / link;
   const double f = behind_forward * per_element, b = behind_backward * per_element;
-  if (!l.overlap_comm || dp <= 1) {
+  if (!l.overlap_comm || l.dp() <= 1) {
     t.offload_h2d_exposed_s = t.pcie_h2d_s;
     return;
   }
@@ -521,25 +571,68 @@ void apply_host_steal(TimeEstimate& t, const ClusterSpec& c) {
   if (c.calibration && c.host_steal_fraction > 0) {
     const double stretch = 1 / (1 - c.host_steal_fraction);
     for (double* x : {&t.gemm_s, &t.elementwise_s, &t.optimizer_s, &t.compute_s, &t.tp_comm_s, &t.zero_comm_s,
+                      &t.ep_comm_s,
                       &t.overlap_s, &t.pcie_d2h_s, &t.pcie_h2d_s, &t.offload_d2h_exposed_s, &t.cpu_adam_s,
                       &t.offload_h2d_exposed_s})
       *x *= stretch;
   }
 }
 
+// Expert parallelism's token exchanges (expert_dispatch.cpp): blocking all-to-alls
+// of the ep group, priced as collective_seconds prices an all-to-all.
+void add_ep_comm(TimeEstimate& t, const ModelConfig& config, const RankShape& s, const SimLayout& l,
+                 const ClusterSpec& c) {
+  if (l.ep <= 1) return;
+  const GroupScope scope = expert_parallel_scope(c, l);
+  const ExpertExchanges x = expert_exchanges(config, s, l);
+  const double gas = static_cast<double>(l.gas);
+  const double counts_bytes = 8.0 * l.ep * ExpertPlacement{l.ep, 0, config.num_experts}.max_per_rank();
+  const double exchange = collective_seconds(c, CollectiveOp::kAllToAll, x.bytes, l.ep, scope);
+  const double counts = collective_seconds(c, CollectiveOp::kAllToAll, counts_bytes, l.ep, scope);
+  t.ep_comm_s = gas * (static_cast<double>(x.exchanges) * exchange + static_cast<double>(x.count_exchanges) * counts);
+  t.ep_collectives = l.gas * (x.exchanges + x.count_exchanges);
+  t.ep_bytes = gas * static_cast<double>(x.exchanges) * x.bytes_out;
+  if (c.calibration)  // each lock-step exchange's wait for a descheduled partner, as tp's
+    t.ep_comm_s += static_cast<double>(t.ep_collectives) * c.calibration->skew_share(l.gpus) *
+                   at_group(c.calibration->collective_wake_s, l.ep);
+}
+
 }  // namespace
+
+GroupScope expert_parallel_scope(const ClusterSpec& c, const SimLayout& l) {
+  const int span = l.ep * l.tp;
+  const bool one_node = l.gpus <= c.gpus_per_node || (span <= c.gpus_per_node && c.gpus_per_node % span == 0);
+  return one_node ? GroupScope::kIntraNode : GroupScope::kInterNode;
+}
+
+ExpertExchanges expert_exchanges(const ModelConfig& config, const RankShape& s, const SimLayout& l) {
+  ExpertExchanges x;
+  if (l.ep <= 1 || s.sparse_layers == 0) return x;
+  const int64_t passes = l.recompute() ? 2 : 1;  // forwards of a layer per micro-batch
+  // Per sparse layer: the rows out and the outputs back in each forward, the same two reversed in the backward.
+  x.exchanges = s.sparse_layers * (2 * passes + 2);
+  x.count_exchanges = s.sparse_layers * passes;
+  // Balanced routing: a rank sends its tokens x k rows, 1/ep of them to each ep rank (its
+  // own stay); it receives expert_rows_share of that for its experts and sends as many back.
+  const double rows = static_cast<double>(l.micro_batch * l.seq_len * config.experts_per_token);
+  const double row_bytes = static_cast<double>(config.hidden_size * static_cast<int64_t>(c10::elementSize(l.dtype)));
+  x.bytes = rows * std::max(1.0, s.expert_rows_share) * row_bytes;
+  x.bytes_out = x.bytes * (l.ep - 1) / l.ep;
+  return x;
+}
 
 TimeEstimate estimate_time(const ModelConfig& config, const RankShape& s, const SimLayout& l,
                            const ClusterSpec& c) {
   TimeEstimate t;
   add_compute(t, config, s, l, c);
   add_tp_comm(t, config, s, l, c);
+  add_ep_comm(t, config, s, l, c);
   const HideableComm hide = add_zero_comm(t, config, s, l, c);
   t.overlap_s = overlap_seconds(t, hide, l, c);
   add_offload(t, config, s, l, c, hide);
   apply_host_steal(t, c);
-  t.step_s = t.compute_s + t.tp_comm_s + t.zero_comm_s - t.overlap_s + t.offload_d2h_exposed_s + t.cpu_adam_s +
-             t.offload_h2d_exposed_s;
+  t.step_s = t.compute_s + t.tp_comm_s + t.ep_comm_s + t.zero_comm_s - t.overlap_s + t.offload_d2h_exposed_s +
+             t.cpu_adam_s + t.offload_h2d_exposed_s;
   const int64_t BT = l.micro_batch * l.seq_len;
   const double gas = static_cast<double>(l.gas);
   t.model_flops = model_flops_per_token(config, l.seq_len) * static_cast<double>(BT) * gas * l.dp();

@@ -19,7 +19,9 @@
 
 namespace autotp::sim {
 
-enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter };
+// kAllToAll: each rank sends (n-1)/n of its buffer to the others (expert parallelism's
+// token exchange), priced as an all-gather of that buffer (the same bytes per rank).
+enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 
 // Which link a group uses on a cluster: tp groups are contiguous ranks (inside a
 // node when tp divides the node), dp groups stride by tp (across nodes when the
@@ -27,7 +29,8 @@ enum class CollectiveOp { kAllReduce, kAllGather, kReduceScatter };
 enum class GroupScope { kIntraNode, kInterNode };
 
 // One collective of `bytes` (all-reduce: the buffer; all-gather: the gathered
-// output; reduce-scatter: the full input) over `group` ranks.
+// output; reduce-scatter: the full input; all-to-all: what one rank sends, its own
+// share included) over `group` ranks.
 double collective_seconds(const ClusterSpec& cluster, CollectiveOp op, double bytes, int group, GroupScope scope);
 // cpu-local: the calibration's costs in `dtype` (measured, else the grid's rate); GPUs: peak x efficiency.
 double gemm_seconds(const ClusterSpec& cluster, const GemmShape& shape, torch::ScalarType dtype);
@@ -43,6 +46,12 @@ struct TimeEstimate {
   double overhead_s = 0;     // part of compute_s: cpu-local's measured framework overhead (a share of the above)
   double optimizer_s = 0;    // part of compute_s
   int64_t tp_collectives = 0, zero_collectives = 0;  // per step
+  // Expert parallelism: the token exchanges (all-to-alls of the ep group; on the
+  // critical path, not overlapped), their count per step and the bytes this rank sends
+  // to other ranks per step (docs/simulator.md, "Expert parallelism").
+  double ep_comm_s = 0;
+  int64_t ep_collectives = 0;
+  double ep_bytes = 0;
   // ZeRO-Offload (docs/simulator.md): PCIe bytes per step of this rank, the
   // link's busy seconds, and the three components it adds to the step.
   int64_t pcie_d2h_bytes = 0;       // the reduced gradient partition, device -> host
@@ -55,6 +64,18 @@ struct TimeEstimate {
   double executed_flops = 0; // per step per rank, GEMMs as the engine runs them (with recomputation)
   nlohmann::json to_json() const;
 };
+
+// Expert parallelism: the all-to-alls of one micro-batch's sparse layers (docs/simulator.md).
+struct ExpertExchanges {
+  int64_t exchanges = 0;       // hidden-state all-to-alls: 2 per sparse layer forward, 2 backward, 2 more recomputed
+  int64_t count_exchanges = 0; // the per-expert row counts' all-to-all of every forward (recomputed too)
+  double bytes = 0;            // one hidden-state exchange's buffer on the busiest rank (its own share included)
+  double bytes_out = 0;        // of it, what leaves the rank: (ep - 1) / ep under balanced routing
+};
+ExpertExchanges expert_exchanges(const ModelConfig& config, const RankShape& shape, const SimLayout& layout);
+// The link of the ep group: ep dp ranks of one tp rank, ep x tp consecutive ranks; inside a
+// node when the world is one node or the span divides the node, else the NIC prices all of it.
+GroupScope expert_parallel_scope(const ClusterSpec& cluster, const SimLayout& layout);
 
 // The GEMMs one rank runs for one micro-batch (forward, backward, recomputation), with counts.
 std::vector<std::pair<GemmShape, double>> step_gemms(const ModelConfig& config, const RankShape& shape,
