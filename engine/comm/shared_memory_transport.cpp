@@ -228,6 +228,8 @@ void SharedMemoryTransport::all_to_all(const uint8_t* send, const std::vector<in
   // the first round's headers tell each the largest piece of all.
   constexpr int64_t kHeader = 64;
   const int64_t sub = (options_.slot_bytes - kHeader) / size_ / 64 * 64;
+  TORCH_CHECK(sub > 0, "SharedMemoryTransport::all_to_all: slots of ", options_.slot_bytes, " bytes are too small for ",
+              size_, " members");
   int64_t largest = 0;
   for (int r = 0; r < size_; ++r)
     if (r != rank_) largest = std::max({largest, send_bytes[r], recv_bytes[r]});
