@@ -213,16 +213,12 @@ std::shared_ptr<Topology> Topology::create_with_store(c10::intrusive_ptr<c10d::S
     topology->ep_ = std::make_unique<Comm>(ep_group, ep_group_ranks(rank, world_size, tp_size, ep_size), "ep",
                                            options.backend);
     attach_shared_memory(*topology->ep_, options, store, ep_prefix);
-    const int edp_size = dp_size / ep_size;
-    if (edp_size == 1) {
-      topology->edp_ = solo(rank, "edp");
-    } else {
-      const std::string edp_prefix = fmt::format("edp/{}/{}", tp_rank, ep_rank);
-      auto edp_group = opened(open_group(options, store, edp_prefix, edp_rank, edp_size, rank));
-      topology->edp_ = std::make_unique<Comm>(edp_group, edp_group_ranks(rank, world_size, tp_size, ep_size), "edp",
-                                              options.backend);
-      attach_shared_memory(*topology->edp_, options, store, edp_prefix);
-    }
+    // ep < dp: the edp group has dp / ep >= 2 members.
+    const std::string edp_prefix = fmt::format("edp/{}/{}", tp_rank, ep_rank);
+    auto edp_group = opened(open_group(options, store, edp_prefix, edp_rank, dp_size / ep_size, rank));
+    topology->edp_ = std::make_unique<Comm>(edp_group, edp_group_ranks(rank, world_size, tp_size, ep_size), "edp",
+                                            options.backend);
+    attach_shared_memory(*topology->edp_, options, store, edp_prefix);
   }
   log().debug("topology: rank {} of {} -> dp {} of {}, tp {} of {}, shared-memory all-reduce {}", rank, world_size,
               dp_rank, dp_size, tp_rank, tp_size, topology->world_->uses_shared_memory() ? "on" : "off");

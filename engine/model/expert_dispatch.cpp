@@ -33,13 +33,11 @@ torch::Tensor dispatch_to_experts(const torch::Tensor& x, const torch::Tensor& s
   const auto in = incoming.accessor<int64_t, 2>();
   std::vector<int64_t> by_expert;
   by_expert.reserve(static_cast<size_t>(received.size(0)));
-  std::vector<int64_t> source_begin(size, 0), expert_rows(per, 0);
-  for (int s = 1; s < size; ++s) source_begin[s] = source_begin[s - 1] + recv_counts[s - 1];
+  std::vector<int64_t> next(size, 0), expert_rows(per, 0);  // next[s]: source s's first row not yet taken
+  for (int s = 1; s < size; ++s) next[s] = next[s - 1] + recv_counts[s - 1];
   for (int64_t e = 0; e < per; ++e) {
     for (int s = 0; s < size; ++s) {
-      int64_t at = source_begin[s];
-      for (int64_t before = 0; before < e; ++before) at += in[s][before];
-      for (int64_t i = 0; i < in[s][e]; ++i) by_expert.push_back(at + i);
+      for (int64_t i = 0; i < in[s][e]; ++i) by_expert.push_back(next[s]++);
       expert_rows[e] += in[s][e];
     }
   }
