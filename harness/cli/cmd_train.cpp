@@ -130,8 +130,8 @@ void add_train_options(CLI::App* cmd, TrainArgs* args) {
       ->check(CLI::PositiveNumber)
       ->excludes(args->steps_option);
   cmd->add_option("--ep", args->ep,
-                  "Expert-parallel size of a mixture of experts (expert_parallel.autoep_size; divides world / tp and "
-                  "the experts)")
+                  "Expert-parallel size of a mixture of experts (expert_parallel.autoep_size; divides world / tp, at "
+                  "most the experts)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--save", args->save, "Checkpoint root: writes DIR/step_N/ and DIR/latest at the end (and every --save-every steps)");
   cmd->add_option("--save-every", args->save_every, "Also save every N steps (needs --save)")->check(CLI::PositiveNumber);
