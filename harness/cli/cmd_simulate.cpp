@@ -19,6 +19,7 @@
 #include "autotp/base/json_file.h"
 #include "autotp/base/log.h"
 #include "cli/cli.h"
+#include "cli/malloc_policy.h"
 #include "scenario/simulated_layout.h"
 #include "simulator/calibration.h"
 #include "simulator/simulator.h"
@@ -511,6 +512,7 @@ void register_simulate(CLI::App& app) {
   cmd->callback([args, cmd] {
     args->dtype_given = cmd->count("--dtype") > 0;
     if (args->calibrate && !run_as_rank(args->world)) return;
+    if (args->calibrate) retain_freed_memory();  // as `train` runs the steps it times
     run(*args);
   });
 }

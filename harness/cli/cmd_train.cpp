@@ -24,6 +24,7 @@
 #include "cli/cli.h"
 #include "cli/hf_training_flags.h"
 #include "cli/lora_flags.h"
+#include "cli/malloc_policy.h"
 #include "cli/sft_flags.h"
 #include "launcher/restarts.h"
 
@@ -363,6 +364,7 @@ void register_train(CLI::App& app) {
   cmd->callback([args] {
     if (args->max_steps) args->steps = *args->max_steps;
     if (!run_as_rank(args->world)) return;
+    retain_freed_memory();  // steps repeat the same allocations: reuse them instead of faulting pages in
     run_train(*args);
   });
 }
