@@ -21,6 +21,7 @@
 #include "autotp/zero/flat_layout.h"
 #include "autotp/tp/expert_parallel.h"
 #include "autotp/zero/zero_units.h"
+#include "simulator/op_count.h"
 #include "simulator/simulator.h"
 #include "support/checks.h"
 #include "support/cli_runner.h"
@@ -1116,6 +1117,76 @@ TEST(SimulatorCli, BadExpertParallelSizeExitsWithTwo) {
     EXPECT_EQ(r.exit_code, 2) << b.args << "\n" << r.output;
     EXPECT_NE(r.output.find(b.message), std::string::npos) << b.args << "\n" << r.output;
   }
+}
+
+TEST(SimulatorDispatch, CountsTopLevelOpsAndTheNodesTheBackwardRuns) {
+  // A chain of n products: n ops forward (nothing they run inside counts), and the
+  // backward's n MulBackward0 nodes plus one AccumulateGrad per leaf; summing the
+  // shared factor's n gradients happens inside the nodes.
+  torch::AutoGradMode on(true);
+  auto x = torch::randn({16}).requires_grad_(true), w = torch::ones({16}).requires_grad_(true);
+  constexpr int n = 7;
+  auto chain = [&] {
+    torch::Tensor y = x;
+    for (int i = 0; i < n; ++i) y = y * w;
+    return y;
+  };
+  const OpCounts forward = count_ops([&] { chain(); });
+  EXPECT_EQ(forward.ops, n);
+  EXPECT_EQ(forward.nodes, 0);
+  const OpCounts both = count_ops([&] { chain().backward(torch::ones({16})); });
+  EXPECT_EQ(both.nodes, n + 2);
+  EXPECT_EQ(both.ops, n + 1);  // the chain and the backward's seed gradient (ones)
+}
+
+TEST(SimulatorDispatch, StepCountsFollowTheLayoutAndPriceEachOp) {
+  auto model = resolve_sim_model("preset:llama-tiny");
+  SimLayout off = layout(1, 1, 0);
+  off.micro_batch = 2;
+  off.seq_len = 64;
+  const OpCounts plain = step_op_counts(model.config, off);
+  EXPECT_GT(plain.ops, 20 * model.config.num_layers);
+  EXPECT_GT(plain.nodes, 20 * model.config.num_layers);
+  // Independent of the widths and of the sequence beyond the narrow copy's.
+  SimLayout longer = off;
+  longer.seq_len = 2048;
+  EXPECT_EQ(step_op_counts(model.config, longer).ops, plain.ops);
+  // Full recomputation runs every layer's forward again inside its checkpoint node.
+  SimLayout full = off;
+  full.activation_checkpointing = true;
+  const OpCounts recomputed = step_op_counts(model.config, full);
+  EXPECT_GT(recomputed.ops, plain.ops + 20 * model.config.num_layers);
+  EXPECT_GE(recomputed.nodes, plain.nodes + model.config.num_layers);
+  // More layers, more ops: the narrow copy keeps the depth.
+  auto deeper = model.config;
+  deeper.num_layers += 2;
+  EXPECT_GT(step_op_counts(deeper, off).ops, plain.ops);
+
+  // Priced: counted ops and nodes x the measured cost of one, the hand-listed ops then at their bytes only.
+  Calibration cal = two_rank_calibration();
+  cal.compute.elementwise_forward = cal.compute.elementwise_forward_grad = {1e-6, 1e10};
+  cal.compute.elementwise_forward_backward = {3e-6, 3e9};
+  Calibration measured = cal;
+  measured.dispatch_op_s = 4e-6;
+  auto shape = rank_shape(model.config, build_plan(model.config, 1), 0);
+  auto before = estimate_time(model.config, shape, off, cpu_local_cluster(cal, "before"));
+  auto after = estimate_time(model.config, shape, off, cpu_local_cluster(measured, "after"));
+  EXPECT_DOUBLE_EQ(before.dispatch_s, 0);
+  EXPECT_NEAR(after.dispatch_s, (plain.ops + plain.nodes) * 4e-6, 1e-12);
+  EXPECT_LT(after.elementwise_s, before.elementwise_s);
+  EXPECT_DOUBLE_EQ(after.gemm_s, before.gemm_s);
+  EXPECT_NEAR(after.compute_s,
+              after.gemm_s + after.elementwise_s + after.dispatch_s + after.overhead_s + after.optimizer_s, 1e-12);
+
+  // In the file: round trip, absent in older files, bad values named.
+  json j = measured.to_json();
+  EXPECT_DOUBLE_EQ(Calibration::from_json(j, "cal.json").dispatch_op_s.value_or(0), 4e-6);
+  j["dispatch_op_s"] = -1;
+  EXPECT_NE(test::user_error_of([&] { Calibration::from_json(j, "cal.json"); })
+                .find("cal.json: 'dispatch_op_s' must be seconds >= 0"),
+            std::string::npos);
+  j.erase("dispatch_op_s");
+  EXPECT_FALSE(Calibration::from_json(j, "old.json").dispatch_op_s.has_value());
 }
 
 }  // namespace

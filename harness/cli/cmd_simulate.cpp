@@ -87,6 +87,9 @@ void calibrate(const SimulateArgs& args) {
   };
   print_costs(cal.dtype, cal.compute);
   for (const auto& [name, costs] : cal.other_dtypes) print_costs(name, costs);
+  if (cal.dispatch_op_s)
+    std::cout << fmt::format("  dispatch: {:.2f} us per op or autograd node ({} narrowed to tiny widths)\n",
+                             1e6 * *cal.dispatch_op_s, cal.model);
   std::cout << fmt::format("  framework overhead: {:.1f}% of the GEMM and elementwise costs at tp 1", 100 * cal.overhead_ratio);
   for (const auto& [n, ratio] : cal.overhead_ratio_by_tp) std::cout << fmt::format(", {:.1f}% at tp {}", 100 * ratio, n);
   std::cout << "\n";

@@ -1,4 +1,5 @@
 #include "simulator/calibration.h"
+#include "simulator/op_count.h"
 
 #include <torch/torch.h>
 #include <unistd.h>
@@ -286,6 +287,7 @@ json Calibration::to_json() const {
             {"collective_wake_s", wake},
             {"host_steal_fraction", host_steal_fraction},
             {"optimizer_step", optimizer_step ? cost_json(*optimizer_step) : json()},
+            {"dispatch_op_s", dispatch_op_s ? json(*dispatch_op_s) : json()},
             {"cpu_adam_bytes_per_core_s", cpu_adam_bytes_per_core_s ? json(*cpu_adam_bytes_per_core_s) : json()},
             {"all_reduce", reduce},
             {"all_gather", gather}};
@@ -329,6 +331,11 @@ Calibration Calibration::from_json(const json& j, const std::string& source) {
   c.collective_wake_s = nonnegative_by_group(j, "collective_wake_s", source);
   AUTOTP_USER_CHECK(c.overhead_ratio >= 0, "{}: 'overhead_ratio' must be >= 0", source);
   if (j.contains("optimizer_step") && !j["optimizer_step"].is_null()) c.optimizer_step = cost_from(j["optimizer_step"], "optimizer_step", source);
+  if (j.contains("dispatch_op_s") && !j["dispatch_op_s"].is_null()) {
+    const json& d = j["dispatch_op_s"];
+    AUTOTP_USER_CHECK(d.is_number() && d.get<double>() >= 0, "{}: 'dispatch_op_s' must be seconds >= 0", source);
+    c.dispatch_op_s = d.get<double>();
+  }
   if (j.contains("cpu_adam_bytes_per_core_s") && !j["cpu_adam_bytes_per_core_s"].is_null()) {
     const json& rate = j["cpu_adam_bytes_per_core_s"];
     AUTOTP_USER_CHECK(rate.is_number() && rate.get<double>() > 0,
@@ -539,6 +546,28 @@ void measure_elementwise(const Session& session, torch::ScalarType dtype, Comput
   cal.elementwise_forward = fit_linear_cost(bytes, fwd);
   cal.elementwise_forward_grad = fit_linear_cost(bytes, fwd_grad);
   cal.elementwise_forward_backward = fit_linear_cost(bytes, fb);
+}
+
+// The framework's fixed cost per dispatched op: the calibration model's narrow
+// copy (the same ops on tensors of a few elements, so its time is the
+// framework's), forward + backward timed, over the ops and nodes it dispatches.
+void measure_dispatch(const Session& session, const ModelConfig& config, Calibration& cal) {
+  if (session.options.device.is_cuda()) return;  // GPU ops run asynchronously behind their launch
+  std::vector<double> measured = {0};
+  StealWindow window;
+  if (session.measures) {
+    SimLayout layout;
+    layout.gpus = 1;
+    layout.micro_batch = session.options.micro_batch;
+    layout.seq_len = session.options.seq_len;
+    layout.dtype = session.options.dtype;
+    NarrowStep step(config, layout);
+    const OpCounts counts = count_ops([&] { step.run(); });
+    measured[0] = time_call([&] { step.run(); }, std::max(0.2, 4 * session.options.seconds_per_point)) /
+                  (counts.ops + counts.nodes);
+  }
+  measured = session.from_rank0(scaled(measured, window.kept_share()));
+  cal.dispatch_op_s = measured[0];
 }
 
 // The optimizer step on partitions up to the model's size, as ZeroOptimizer::step runs it.
@@ -823,7 +852,7 @@ double fit_overhead_ratio(const Session& session, const ModelConfig& config, con
   layout.seq_len = session.options.seq_len;
   layout.dtype = session.options.dtype;
   auto t = estimate_time(config, shape1, layout, cpu_local_cluster(without, "calibration"));
-  return std::max(0.0, alone_step_s / (t.gemm_s + t.elementwise_s) - 1);
+  return std::max(0.0, (alone_step_s - t.dispatch_s) / (t.gemm_s + t.elementwise_s) - 1);
 }
 
 // What the step costs at tp g beyond the GEMM, elementwise and lock-step collective
@@ -845,8 +874,8 @@ void fit_overhead_ratio_by_tp(const Session& session, const ModelConfig& config,
     double predicted = 0, compute = 0;
     for (int r = 0; r < g; ++r) {
       auto t = estimate_time(config, rank_shape(config, plan, r), layout, cluster);
-      if (t.gemm_s + t.elementwise_s + t.tp_comm_s > predicted) {
-        predicted = t.gemm_s + t.elementwise_s + t.tp_comm_s;
+      if (t.gemm_s + t.elementwise_s + t.dispatch_s + t.tp_comm_s > predicted) {
+        predicted = t.gemm_s + t.elementwise_s + t.dispatch_s + t.tp_comm_s;
         compute = t.gemm_s + t.elementwise_s;
       }
     }
@@ -873,6 +902,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   measure_elementwise(session, other, cal.other_dtypes[dtype_label(other)]);
   measure_optimizer_step(session, config, cal);
   measure_cpu_adam(session, cal);
+  measure_dispatch(session, config, cal);
 
   Tp1Step tp1(config, options);
   tp1.sample_alone(session);

@@ -106,10 +106,18 @@ struct Calibration {
   // CPU tensors, bytes per second per thread (28 bytes per element: parameter and
   // both moments read and written, the gradient read). Absent in older files.
   std::optional<double> cpu_adam_bytes_per_core_s;
+  // The framework's fixed cost per dispatched op (dispatcher, autograd graph,
+  // allocator), whatever the op's size: the calibration model's narrow copy
+  // (op_count.h: its ops on tensors of a few elements) timed forward + backward,
+  // over the top-level ops and autograd nodes it dispatches; a step's are
+  // counted the same way. CPU only; absent in older files and GPU calibrations
+  // (the elementwise fits' latencies stand in).
+  std::optional<double> dispatch_op_s;
   // Framework overhead as a share of the compute the micro-benchmarks predict: the
   // calibration model's real forward + backward at tp 1 (rank 0 alone) over the sum
-  // of its GEMM and elementwise costs, minus 1 (dispatcher, autograd, allocator,
-  // cold caches). A ratio, not seconds, so that it carries to models of other sizes.
+  // of its GEMM and elementwise costs, minus 1, after its counted ops' dispatch
+  // costs (what is left grows with the work: cold caches, GEMMs at the model's
+  // layouts). A ratio, not seconds, so that it carries to models of other sizes.
   double overhead_ratio = 0;
   // The same at tp sizes > 1 (by tp): the model's forward + backward with every tp
   // group at once, over the concurrency slowdown, beyond the GEMM, elementwise and

@@ -5,6 +5,7 @@
 #include "autotp/zero/zero_traffic.h"
 #include "autotp/zero/zero_units.h"
 #include "simulator/memory_model.h"
+#include "simulator/op_count.h"
 
 #include <algorithm>
 #include <cmath>
@@ -152,7 +153,7 @@ double zero3_gather_elements(const FlatRange& r, int64_t /*padded*/, int dp) {
 nlohmann::json TimeEstimate::to_json() const {
   return {{"compute_s", compute_s},     {"tp_comm_s", tp_comm_s},           {"zero_comm_s", zero_comm_s},
           {"overlap_s", overlap_s},     {"step_s", step_s},                 {"gemm_s", gemm_s},
-          {"elementwise_s", elementwise_s}, {"overhead_s", overhead_s}, {"optimizer_s", optimizer_s},   {"tp_collectives", tp_collectives},
+          {"elementwise_s", elementwise_s}, {"dispatch_s", dispatch_s}, {"counted_ops", counted_ops}, {"counted_nodes", counted_nodes}, {"overhead_s", overhead_s}, {"optimizer_s", optimizer_s},   {"tp_collectives", tp_collectives},
           {"zero_collectives", zero_collectives},
           {"ep_comm_s", ep_comm_s},     {"ep_collectives", ep_collectives}, {"ep_bytes", ep_bytes},
           {"offload", {{"pcie_d2h_bytes", pcie_d2h_bytes},
@@ -227,17 +228,20 @@ void add_gemms(TimeEstimate& t, const ModelConfig& config, const RankShape& s, c
 
 // Elementwise work per micro-batch: layers (forward + backward, + a recomputed forward),
 // embedding, final norm, cross-entropy, gradient accumulation into the flat buffer.
+// `counted` prices the forward + backward's own ops (bytes only where their
+// dispatch is priced by counting them); `e` the gradient accumulation into the
+// flat buffers (the engine's hooks, which the count leaves out).
 double micro_batch_elementwise_s(const ModelConfig& config, const RankShape& s, const SimLayout& l,
-                                 const Elementwise& e) {
+                                 const Elementwise& counted, const Elementwise& e) {
   const bool sixteen = l.dtype != torch::kFloat32;
   const int64_t B = l.micro_batch, T = l.seq_len, BT = B * T;
   const double BTH = static_cast<double>(BT) * s.hidden, BTV = static_cast<double>(BT) * s.local_vocab;
   const double L = static_cast<double>(config.num_layers);
   const LayerOps ops = layer_ops(config, s, B, T);
-  double micro = L * sum_ops(ops, e, true);
-  if (l.recompute()) micro += L * sum_ops(ops, e, false);
-  micro += e.fb(BTH, s.vocab_split ? 3 : 1) + e.fb(BTH, s.gpt2 ? 2 : 4);  // embedding (+ masks), final norm
-  micro += e.fwd(BTV, 6) + e.fwd(static_cast<double>(BT), 10) + e.fwd(BTV, 3);  // cross-entropy fwd / bwd
+  double micro = L * sum_ops(ops, counted, true);
+  if (l.recompute()) micro += L * sum_ops(ops, counted, false);
+  micro += counted.fb(BTH, s.vocab_split ? 3 : 1) + counted.fb(BTH, s.gpt2 ? 2 : 4);  // embedding (+ masks), final norm
+  micro += counted.fwd(BTV, 6) + counted.fwd(static_cast<double>(BT), 10) + counted.fwd(BTV, 3);  // cross-entropy
   micro += e.fwd(static_cast<double>(s.trained_numel), 1) + s.tensors * e.forward.latency_s;  // grad accumulation
   if (sixteen && s.trained_numel == s.local_numel)
     micro += e.fwd(static_cast<double>(s.local_numel), 2);  // fp32 accumulator add + zero (LoRA: fp32 already)
@@ -282,7 +286,17 @@ void add_compute(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
                  const ClusterSpec& c) {
   const Elementwise e = elementwise_costs(c, l.dtype);
   add_gemms(t, config, s, l, c);
-  t.elementwise_s = static_cast<double>(l.gas) * micro_batch_elementwise_s(config, s, l, e);
+  Elementwise counted = e;
+  if (c.calibration && c.calibration->dispatch_op_s) {
+    // cpu-local: the ops of a forward + backward, counted, each at the measured dispatch cost;
+    // their elementwise work then costs its bytes only.
+    const OpCounts ops = step_op_counts(config, l);
+    t.counted_ops = ops.ops;
+    t.counted_nodes = ops.nodes;
+    t.dispatch_s = static_cast<double>(l.gas) * (ops.ops + ops.nodes) * *c.calibration->dispatch_op_s;
+    counted.forward.latency_s = counted.forward_grad.latency_s = counted.forward_backward.latency_s = 0;
+  }
+  t.elementwise_s = static_cast<double>(l.gas) * micro_batch_elementwise_s(config, s, l, counted, e);
   t.optimizer_s = optimizer_seconds(s, l, c, e);
   if (c.calibration) {
     // cpu-local: the framework's overhead, a measured share of the forward + backward's costs
@@ -295,9 +309,10 @@ void add_compute(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
     t.gemm_s *= slowdown;
     t.elementwise_s *= slowdown;
     t.overhead_s *= slowdown;
+    t.dispatch_s *= slowdown;
     t.optimizer_s *= slowdown;
   }
-  t.compute_s = t.gemm_s + t.elementwise_s + t.overhead_s + t.optimizer_s;
+  t.compute_s = t.gemm_s + t.elementwise_s + t.dispatch_s + t.overhead_s + t.optimizer_s;
 }
 
 // Tensor-parallel communication: the engine's own list of the step's tp
@@ -372,7 +387,7 @@ HideableComm add_zero_comm(TimeEstimate& t, const ModelConfig& config, const Ran
     // cpu-local: what collectives cost inside a step beyond their back-to-back cost
     // when ranks time-share the cores (they arrive apart, in proportion to the
     // compute since they last met): measured shares of the forward + backward.
-    const double forward_backward = t.gemm_s + t.elementwise_s + t.overhead_s;
+    const double forward_backward = t.gemm_s + t.elementwise_s + t.dispatch_s + t.overhead_s;
     const double skew = c.calibration ? c.calibration->skew_share(l.gpus) * forward_backward : 0;
     const double after_compute = c.calibration ? skew * at_group(c.calibration->step_collective_skew, dp) : 0;
     const double layer_gathers = c.calibration ? skew * at_group(c.calibration->layer_gather_skew, dp) : 0;
@@ -570,7 +585,7 @@ void add_offload(TimeEstimate& t, const ModelConfig& config, const RankShape& s,
 void apply_host_steal(TimeEstimate& t, const ClusterSpec& c) {
   if (c.calibration && c.host_steal_fraction > 0) {
     const double stretch = 1 / (1 - c.host_steal_fraction);
-    for (double* x : {&t.gemm_s, &t.elementwise_s, &t.optimizer_s, &t.compute_s, &t.tp_comm_s, &t.zero_comm_s,
+    for (double* x : {&t.gemm_s, &t.elementwise_s, &t.dispatch_s, &t.overhead_s, &t.optimizer_s, &t.compute_s, &t.tp_comm_s, &t.zero_comm_s,
                       &t.ep_comm_s,
                       &t.overlap_s, &t.pcie_d2h_s, &t.pcie_h2d_s, &t.offload_d2h_exposed_s, &t.cpu_adam_s,
                       &t.offload_h2d_exposed_s})

@@ -43,7 +43,9 @@ struct TimeEstimate {
   double step_s = 0;
   double gemm_s = 0;         // part of compute_s
   double elementwise_s = 0;  // part of compute_s
-  double overhead_s = 0;     // part of compute_s: cpu-local's measured framework overhead (a share of the above)
+  double dispatch_s = 0;     // part of compute_s: cpu-local's counted ops and nodes x the measured cost of one (op_count.h)
+  double counted_ops = 0, counted_nodes = 0;  // per micro-batch: what dispatch_s prices (op_count.h)
+  double overhead_s = 0;     // part of compute_s: cpu-local's measured framework overhead (a share of GEMM + elementwise)
   double optimizer_s = 0;    // part of compute_s
   int64_t tp_collectives = 0, zero_collectives = 0;  // per step
   // Expert parallelism: the token exchanges (all-to-alls of the ep group; on the
