@@ -1,5 +1,4 @@
 #include "simulator/calibration.h"
-#include "simulator/op_count.h"
 
 #include <torch/torch.h>
 #include <unistd.h>
@@ -28,6 +27,7 @@
 #include "simulator/cluster_catalog.h"
 #include "simulator/memory_model.h"
 #include "simulator/model_catalog.h"
+#include "simulator/op_count.h"
 #include "simulator/rank_shape.h"
 #include "simulator/time_model.h"
 

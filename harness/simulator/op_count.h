@@ -1,7 +1,7 @@
 // What a step dispatches, counted: the framework's per-op cost (dispatcher,
 // autograd graph, allocator) is paid per op whatever its size, so a model of tiny
 // tensors is priced by how many ops it runs, not by its bytes (docs/simulator.md,
-// "Dispatch").
+// "Compute": the dispatch).
 #pragma once
 #include <functional>
 #include <memory>
