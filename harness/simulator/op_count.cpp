@@ -10,7 +10,6 @@
 
 #include "autotp/comm/comm.h"
 #include "autotp/model/causal_lm.h"
-#include "simulator/rank_shape.h"
 
 namespace autotp::sim {
 namespace {
@@ -74,20 +73,19 @@ ModelConfig narrowed(const ModelConfig& config, int64_t positions) {
 
 OpCounts count_ops(const std::function<void()>& fn) {
   OpCounts counts;
-  auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(on_enter, on_exit)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
-  OpCounts* const outer = t_counts;
+  // Installed for `fn` only, also when it throws.
+  struct Observing {
+    at::CallbackHandle handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(on_enter, on_exit)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    OpCounts* outer = t_counts;
+    ~Observing() {
+      t_counts = outer;
+      at::removeCallback(handle);
+    }
+  } observing;
   t_counts = &counts;
-  try {
-    fn();
-  } catch (...) {
-    t_counts = outer;
-    at::removeCallback(handle);
-    throw;
-  }
-  t_counts = outer;
-  at::removeCallback(handle);
+  fn();
   return counts;
 }
 
