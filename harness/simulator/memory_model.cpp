@@ -83,17 +83,24 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   // (norms, their outputs kept by the block inputs, a recomputed layer's input).
   const int64_t Bt = B * l.stream_tokens(), BtH = Bt * H;
   // Fused attention (scaled_dot_product_attention) keeps no [T, T] scores: it
-  // saves its output [B, heads, T, D] and the fp32 log-sum-exp of each row.
-  const int64_t attention_saved = a * BT * heads * D + 4 * B * heads * T;
-  int64_t core_saved = attention_saved;  // what the attention core keeps beyond q, k, v
+  // saves its output [B, heads, T, D] and the fp32 log-sum-exp of each row. The
+  // output is laid out [B, T, heads, D], so the output projection's input is a view
+  // of it: the layers count that storage once, as the attention output.
+  const int64_t attention_output = a * BT * heads * D, attention_lse = 4 * B * heads * T;
+  // What the attention core keeps beyond q, k, v and the attention output, and what
+  // selective recomputation rebuilds of it in the backward.
+  int64_t core_saved = attention_lse, core_rebuilt = attention_output + attention_lse;
   // Its backward produces dq, dk, dv per query head (and, in 16-bit, an fp32 dq accumulator).
   const int64_t attention_backward = 3 * a * BT * heads * D + (f32 ? 0 : 4 * BT * heads * D);
   ActivationParts p;
+  int64_t fused_qkv_rest = 0;  // see below
   if (s.gpt2) {
-    const int64_t norm = 2 * a * BtH + 8 * Bt;  // LayerNorm input, mean, rstd; its output (read by the linear)
-    p.per_layer = 2 * norm + a * BT * heads * D * (3 /*qkv kept by the q view*/ + 2 /*k, v gathered*/ +
-                                                    1 /*attention output*/) +
-                  attention_saved + 5 * a * BT * I /*c_fc output, gelu_new's 3 saved terms, its output*/;
+    // LayerNorm keeps its input, mean and rstd (on the CPU in the input's dtype, on
+    // CUDA in fp32); its output is kept by the linear.
+    const int64_t norm = 2 * a * BtH + 2 * (l.cuda ? 4 : a) * Bt;
+    // As many kv heads as query heads: the kernel reads k and v from c_attn's output.
+    p.per_layer = 2 * norm + a * BT * heads * D * 3 /*qkv kept by the q, k, v views*/ + attention_output +
+                  core_saved + 5 * a * BT * I /*c_fc output, gelu_new's 3 saved terms, its output*/;
     p.recomputed = p.per_layer;
     p.outer = BT * 8 + T * 8 + norm;  // token ids, positions, ln_f
   } else {
@@ -101,32 +108,40 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // row; the linears after it keep its output.
     const int64_t norm = 2 * a * BtH + 4 * Bt;
     const int64_t mlp = 4 * a * BT * I;  // gate, silu(gate), up, their product
-    p.recomputed = 2 * norm + 4 * a * BT * heads * D /*q rotated, k and v per query head, attention output*/ +
-                   attention_saved + mlp;
+    p.recomputed = 2 * norm + 3 * a * BT * heads * D /*q rotated, k and v per query head*/ + attention_output +
+                   core_saved + mlp;
     // Gemma: the post-attention and post-feed-forward norms keep their input and
     // reciprocal RMS too (their output goes into the residual add), and every
     // (1 + w) norm is plain autograd ops (rms_norm_plus_one) that also keep the fp32
-    // normalised rows (and in 16 bits the fp32 copy of the input).
-    const int64_t gemma_norm_extra = c.gemma_norms ? 4 * BtH * (f32 ? 1 : 2) : 0;
+    // normalised rows; in 16 bits they keep the fp32 copy of the input instead of
+    // the input. Per element of a norm's input, beyond an RMSNorm's:
+    const int64_t plus_one_extra = c.gemma_norms ? 4 * (f32 ? 1 : 2) - (f32 ? 0 : a) : 0;
+    const int64_t gemma_norm_extra = plus_one_extra * BtH;
     if (c.gemma_norms) p.recomputed += 2 * (a * BtH + 4 * Bt) + 4 * gemma_norm_extra;
     // Qwen3 / Gemma 3: per-head q and k norms keep their input and reciprocal RMS.
-    // (Gemma 3's are (1 + w) norms: the fp32 normalised rows as well.)
-    if (c.qk_norm)
-      p.recomputed += (a * BT * D + 4 * BT + (c.gemma_norms ? 4 * BT * D * (f32 ? 1 : 2) : 0)) *
-                      (heads + s.local_kv_heads);
+    if (c.qk_norm) p.recomputed += ((a + plus_one_extra) * BT * D + 4 * BT) * (heads + s.local_kv_heads);
+    // A fused qkv projection (Phi-3): where the kv heads are not copied per query head,
+    // v is a view of the fused output and keeps all of it (q's and k's columns too).
+    const bool fused_qkv = std::any_of(s.layer_linears.begin(), s.layer_linears.end(),
+                                       [](const LocalLinear& lin) { return ends_with(lin.name, "qkv_proj"); });
+    fused_qkv_rest = fused_qkv ? a * BT * (heads + s.local_kv_heads) * D : 0;
+    if (heads == s.local_kv_heads && c.attn_softcap <= 0) p.recomputed += fused_qkv_rest;
     // Attention logit soft-capping runs the eager core (attention.cpp): the capped
     // scores kept by tanh, the fp32 softmax, its cast in 16 bits, instead of the
     // fused kernel's output and log-sum-exp.
     if (c.attn_softcap > 0) {
       const int64_t scores = B * heads * T * T;
-      // + the contiguous q, k, v copies its batched GEMMs keep
-      core_saved = (a + 4 + (f32 ? 0 : a)) * scores + 3 * a * BT * heads * D;
-      p.recomputed += core_saved - attention_saved;
+      // Its batched GEMMs keep [B heads, T, D] copies of q, k and v: in place of the
+      // rotated q and the k, v per query head counted above (nothing else keeps those).
+      // Its output is a copy (the transposed bmm result reshaped), kept by the projection.
+      const int64_t eager_saved = (a + 4 + (f32 ? 0 : a)) * scores;
+      p.recomputed += eager_saved - core_saved;
+      core_saved = core_rebuilt = eager_saved;
       p.layer_backward += 2 * 4 * scores;  // the softmax's and the scores' gradients
     }
     // A sparse block (every layer is modelled on layer 0): the router reads the
-    // whole block input (gathered under sequence parallelism) and keeps fp32
-    // probabilities; each chosen expert copies its tokens in and its output is
+    // whole block input (under sequence parallelism a gathered copy, kept) and keeps
+    // fp32 probabilities; each chosen expert copies its tokens in and its output is
     // kept by the routing weight's product; the shared expert's by its gate's.
     // Dense layers of a mixture (mlp_only_layers, decoder_sparse_step) keep their
     // dense MLP's terms instead: per_layer is the mean over the layers.
@@ -136,8 +151,16 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     if (c.num_experts > 0) {
       const int64_t k = c.experts_per_token;
       const int64_t expert_inputs = std::llround(s.expert_rows_share * static_cast<double>(k * a * BTH));
-      const int64_t sparse_mlp = mlp + a * BTH + 4 * BT * c.num_experts + expert_inputs + k * a * BTH +
-                                 (c.shared_expert_intermediate_size > 0 ? 2 * a * BTH : 0);
+      // The routing's indices: top-k's (int64) and, per chosen (token, slot), the pair of
+      // int64 indices its gathers keep and the routing weight its product keeps; with
+      // norm_topk_prob the division keeps the top-k probabilities and their sum (fp32).
+      const int64_t routing = (8 + (l.ep > 1 ? 0 : 16) + a) * k * BT + (c.norm_topk_prob ? 4 * (k + 1) * BT : 0);
+      // Without ep the weighted rows are summed by index_add, which keeps them (k rows a token).
+      const int64_t combined = l.ep > 1 ? a * BTH : k * a * BTH;
+      const int64_t gathered_input = l.sequence_parallel ? a * BTH : 0;
+      const int64_t sparse_mlp = 4 * a * BT * s.local_sparse_intermediate + gathered_input + 4 * BT * c.num_experts + expert_inputs + k * a * BTH +
+                                 combined + routing +
+                                 (c.shared_expert_intermediate_size > 0 ? a * BTH + a * BT : 0);
       const int64_t dense_mlp = 4 * a * BT * s.local_dense_intermediate;
       const int64_t sparse_layers = s.sparse_layers;
       p.recomputed += (sparse_layers * sparse_mlp + (c.num_layers - sparse_layers) * dense_mlp) /
@@ -160,12 +183,23 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     p.per_layer = p.recomputed;
   }
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
+  // A sliding-window layer's fused kernel keeps its own [T, T] additive mask (converted
+  // from the shared boolean one), counted here for all those layers at once.
+  if (!s.gpt2 && c.attn_softcap <= 0 && !l.activation_checkpointing && !l.selective_recompute)
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+      const int64_t window = c.sliding_window_of(layer);
+      if (window > 0 && window < T) p.outer += a * T * T;
+    }
   if (l.selective_recompute && !l.activation_checkpointing) {
-    // The attention core keeps only q, k, v (already counted); what it saved (the fused
-    // kernel's output and log-sum-exp, or the eager core's scores, softmax and copies)
-    // is rebuilt in the backward, one layer at a time.
+    // The attention core keeps only q, k, v (already counted) and the projection its
+    // output; what the core saved (the fused kernel's log-sum-exp, or the eager core's
+    // scores, softmax and copies) is rebuilt in the backward with its output, one layer
+    // at a time.
     p.per_layer -= core_saved;
-    p.layer_backward += core_saved;
+    p.layer_backward += core_rebuilt;
+    // Its inputs are k and v as projected (kv heads), not copied per query head.
+    if (!s.gpt2 && heads > s.local_kv_heads)
+      p.per_layer += fused_qkv_rest - 2 * a * BT * (heads - s.local_kv_heads) * D;
   }
   p.layer_input = a * BtH;
   p.layer_backward += attention_backward + 2 * a * BTH;  // after the terms added above

@@ -51,6 +51,7 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank,
                           "rank_shape: ep ", ep_size, " needs the plan placed for one ep rank (place_experts)");
     s.expert_rows_share = static_cast<double>(ep_size * s.local_experts) / static_cast<double>(config.num_experts);
   }
+  int64_t routed_width = 0, shared_width = 0;  // of the first sparse layer
   for (const auto& e : plan.entries()) {
     if (e.remote) continue;  // another ep rank's expert: no tensor here
     const int64_t n = e.spec.local_numel(tp_rank);
@@ -85,6 +86,13 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank,
       if (out == Axis::kIntermediate) s.local_dense_intermediate = width;
       if (out == Axis::kGateUp) s.local_dense_intermediate = width / 2;
     }
+    if (linear && expert_layer >= 0 && in_layer.layer == expert_layer) {
+      const Axis out = e.desc.axes[e.desc.out_dim()];
+      const int64_t width = e.spec.local_shape(tp_rank)[e.desc.out_dim()];
+      if (out == Axis::kExpertIntermediate)
+        routed_width = width * config.experts_per_token * ep_size * s.local_experts / config.num_experts;
+      if (out == Axis::kSharedExpertIntermediate && ends_with(within, "gate_proj.weight")) shared_width = width;
+    }
     if (linear && in_layer.layer == 0 && ends_with(within, ".weight")) {
       auto shape = e.spec.local_shape(tp_rank);
       LocalLinear l;
@@ -114,6 +122,7 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank,
         s.local_intermediate += l.out;
     }
   }
+  s.local_sparse_intermediate = routed_width + shared_width;
   return s;
 }
 

@@ -54,6 +54,9 @@ struct RankShape {
   // A dense MLP's width on this rank (a mixture's dense layers: mlp_only_layers, decoder_sparse_step).
   int64_t local_dense_intermediate = 0;
   int64_t sparse_layers = 0;  // layers with a sparse block (a mixture of experts)
+  // A sparse block's features per token of the rank (its top-k experts' and the shared
+  // expert's), from the first sparse layer: local_intermediate's sparse counterpart.
+  int64_t local_sparse_intermediate = 0;
   bool vocab_split = false;               // embedding / LM head vocab-parallel
   bool gpt2 = false;
   std::vector<int64_t> shared_numel;      // global numel of each parameter with kv slices shared over tp (tp_step's)
