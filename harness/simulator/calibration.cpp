@@ -98,6 +98,27 @@ double time_call(Fn&& fn, double seconds) {
   return elapsed / calls;
 }
 
+// The median call of `fn` over at least `seconds` and `min_calls` calls: a step's
+// calls on this machine vary by 15% with a long slow tail (another tenant, page
+// faults), which a mean over a few calls catches at random; training runs are
+// compared by their median step.
+template <typename Fn>
+double median_call(Fn&& fn, double seconds, int min_calls) {
+  fn();  // warm-up
+  synchronize(g_device);
+  std::vector<double> calls;
+  const auto start = Clock::now();
+  do {
+    const auto call = Clock::now();
+    fn();
+    synchronize(g_device);
+    calls.push_back(std::chrono::duration<double>(Clock::now() - call).count());
+  } while (static_cast<int>(calls.size()) < min_calls ||
+           std::chrono::duration<double>(Clock::now() - start).count() < seconds);
+  std::sort(calls.begin(), calls.end());
+  return calls[calls.size() / 2];
+}
+
 // Collectives: every rank must make the same number of calls, so the count is fixed.
 template <typename Fn>
 double time_calls(Fn&& fn, int calls) {
@@ -403,16 +424,21 @@ struct Session {
     return to_vector(t);
   }
   // Seconds per call of `fn` with every rank calling it at once, the same number of
-  // times (it may hold collectives): the world's mean over 3 x `calls` calls, unstolen.
+  // times (it may hold collectives): the world's mean of each rank's median call of
+  // 3 x `calls`, unstolen.
   double concurrent_seconds(const std::function<void()>& fn, int calls) const {
     fn();  // warm-up
     barrier();
     StealWindow window;
-    auto start = Clock::now();
-    for (int i = 0; i < 3 * calls; ++i) fn();
-    synchronize(g_device);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / (3 * calls);
-    return average({seconds * window.kept_share()})[0];
+    std::vector<double> each;
+    for (int i = 0; i < 3 * calls; ++i) {
+      const auto start = Clock::now();
+      fn();
+      synchronize(g_device);
+      each.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::sort(each.begin(), each.end());
+    return average({each[each.size() / 2] * window.kept_share()})[0];
   }
   // Seconds per call that `variant` takes beyond `base`, both run by every rank at
   // once: alternating rounds of `calls` calls each, so that the machine's drift over
@@ -437,6 +463,44 @@ struct Session {
     }
     auto mean = average({base_s / (kRounds * calls), variant_s / (kRounds * calls)});
     return Extra{mean[0], mean[1] - mean[0]};
+  }
+
+  // `variant`'s seconds per call over `base`'s, both run by every rank at once: the
+  // median over alternating rounds of `calls` calls each, every round started at a
+  // barrier so that no rank runs one while another runs the other (the machine's
+  // drift, a steady share of it, falls on both alike). Also returns base's seconds
+  // per call (the mean over the rounds).
+  struct Ratio {
+    double base_s = 0, ratio = 1;
+  };
+  Ratio concurrent_ratio(const std::function<void()>& base, const std::function<void()>& variant, int calls,
+                         int rounds) const {
+    base();  // warm-up
+    variant();
+    auto timed = [&](const std::function<void()>& fn) {  // the round's median call
+      barrier();
+      StealWindow window;
+      std::vector<double> each;
+      for (int i = 0; i < calls; ++i) {
+        const auto start = Clock::now();
+        fn();
+        synchronize(g_device);
+        each.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      }
+      std::sort(each.begin(), each.end());
+      return each[each.size() / 2] * window.kept_share();
+    };
+    std::vector<double> ratios;
+    Ratio r;
+    for (int round = 0; round < rounds; ++round) {
+      const double b = timed(base), v = timed(variant);
+      const auto m = average({b, v});
+      ratios.push_back(m[1] / m[0]);
+      r.base_s += m[0] / rounds;
+    }
+    std::sort(ratios.begin(), ratios.end());
+    r.ratio = ratios[ratios.size() / 2];
+    return r;
   }
 
   const DistEnv env;
@@ -563,7 +627,7 @@ void measure_dispatch(const Session& session, const ModelConfig& config, Calibra
     layout.dtype = session.options.dtype;
     NarrowStep step(config, layout);
     const OpCounts counts = count_ops([&] { step.run(); });
-    measured[0] = time_call([&] { step.run(); }, std::max(0.2, 4 * session.options.seconds_per_point)) /
+    measured[0] = median_call([&] { step.run(); }, std::max(0.2, 4 * session.options.seconds_per_point), 15) /
                   (counts.ops + counts.nodes);
   }
   measured = session.from_rank0(scaled(measured, window.kept_share()));
@@ -637,7 +701,7 @@ struct Tp1Step {
   }
   void sample_alone(const Session& session) {
     StealWindow alone_window;
-    std::vector<double> measured = {session.measures ? time_call([&] { run(); }, window) : 0.0};
+    std::vector<double> measured = {session.measures ? median_call([&] { run(); }, window, 7) : 0.0};
     alone_samples.push_back(session.from_rank0(scaled(measured, alone_window.kept_share()))[0]);
   }
   Comm self;
@@ -676,11 +740,14 @@ void measure_collectives(const Session& session, Topology& topo, int g, Calibrat
   cal.all_gather[g] = fit_linear_cost(gather_bytes, gather);
 }
 
-// A tiny all-reduce over the groups of size g after a short GEMM, against the GEMM
-// alone, every rank at once: what a lock-step collective costs beyond its
-// back-to-back fit when the ranks do something between calls.
+// A tiny all-reduce over the groups of size g after a very short GEMM (tens of us),
+// against the GEMM alone, every rank at once: what a lock-step collective costs
+// beyond its back-to-back fit when the ranks do something between calls. Longer
+// work between collectives waits longer for a descheduled partner (about a tenth
+// of the work at 2-20 ms): that part scales with the compute and is the tp step's
+// overhead ratio, fitted after this floor.
 void measure_collective_wake(const Session& session, Topology& topo, int g, Calibration& cal) {
-  auto a = torch::randn({192, 192}, session.on), b = torch::randn({192, 192}, session.on);
+  auto a = torch::randn({96, 96}, session.on), b = torch::randn({96, 96}, session.on);
   auto small = torch::ones({16}, session.on);
   const Extra wake = session.concurrent_extra([&] { torch::mm(a, b); },
                                               [&] {
@@ -798,9 +865,11 @@ void measure_collectives_in_step(const Session& session, const ModelConfig& conf
 
 // The model's forward + backward at tp g, every tp group at once: what a layer
 // costs at this tp beyond the GEMM, elementwise and lock-step collective costs
-// (the tp autograd functions, waiting for the partner at each collective).
-double measure_tp_step(const Session& session, const ModelConfig& config, Topology& topo, int g,
-                       int concurrent_calls) {
+// (the tp autograd functions, waiting for the partner at each collective). Timed
+// against the tp-1 step run by every rank at once, in alternating rounds: returns
+// the median of its time over the tp-1 step's (the tp-1 rounds join its samples).
+double measure_tp_step_ratio(const Session& session, const ModelConfig& config, Topology& topo, int g, Tp1Step& tp1,
+                             int concurrent_calls) {
   const CalibrationOptions& options = session.options;
   const TpPlan plan = build_plan(config, g);
   CausalLM lm(config, plan, topo.tp(), options.dtype, options.device);
@@ -808,15 +877,20 @@ double measure_tp_step(const Session& session, const ModelConfig& config, Topolo
   auto gen = at::detail::createCPUGenerator(1);
   auto ids = torch::randint(config.vocab_size, {options.micro_batch, options.seq_len}, gen, torch::kLong);
   torch::AutoGradMode on(true);
-  return session.concurrent_seconds([&] { lm.token_losses(ids, ids).sum().backward(); }, concurrent_calls);
+  constexpr int kRounds = 5;
+  const auto r = session.concurrent_ratio([&] { tp1.run(); }, [&] { lm.token_losses(ids, ids).sum().backward(); },
+                                          concurrent_calls, kRounds);
+  tp1.concurrent_samples.push_back(r.base_s);
+  return r.ratio;
 }
 
 // Collectives over Comm for every group size, world / size groups at once.
-// Returns the model's forward + backward at each tp g that fits (by g).
+// Returns the model's forward + backward at each tp g that fits (by g), over the
+// tp-1 step's at the same concurrency.
 std::map<int, double> measure_group_sizes(const Session& session, const ModelConfig& config, Tp1Step& tp1,
                                           int concurrent_calls, Calibration& cal) {
   const DistEnv& env = session.env;
-  std::map<int, double> tp_step_s;
+  std::map<int, double> tp_step_ratio;
   for (int g = 2; g <= env.world_size; ++g) {
     if (env.world_size % g != 0) continue;
     TopologyOptions topo_options;
@@ -827,10 +901,11 @@ std::map<int, double> measure_group_sizes(const Session& session, const ModelCon
     measure_collectives(session, *topo, g, cal);
     measure_collective_wake(session, *topo, g, cal);
     measure_collectives_in_step(session, config, *topo, g, tp1, concurrent_calls, cal);
-    if (g <= config.num_heads) tp_step_s[g] = measure_tp_step(session, config, *topo, g, concurrent_calls);
+    if (g <= config.num_heads)
+      tp_step_ratio[g] = measure_tp_step_ratio(session, config, *topo, g, tp1, concurrent_calls);
   }
   session.barrier();
-  return tp_step_s;
+  return tp_step_ratio;
 }
 
 // `cal` without the framework overhead: what the micro-benchmarks alone predict.
@@ -894,6 +969,11 @@ Calibration run_calibration(const CalibrationOptions& options) {
   const HostCpuTimes cpu_at_start = host_cpu_times();
   const auto model = resolve_sim_model(options.model);
   const ModelConfig& config = model.config;
+  // The tp-1 step alone is sampled before, amid and after the rest (the median is
+  // kept): this machine's speed drifts by 10-25% over minutes, and the framework
+  // overhead is the step over what the micro-benchmarks predict.
+  Tp1Step tp1(config, options);
+  tp1.sample_alone(session);
   measure_gemms(session, config, options.dtype, cal.compute);
   measure_elementwise(session, options.dtype, cal.compute);
   // The other compute dtype by the same micro-benchmarks: one calibration times layouts in either.
@@ -904,19 +984,22 @@ Calibration run_calibration(const CalibrationOptions& options) {
   measure_cpu_adam(session, cal);
   measure_dispatch(session, config, cal);
 
-  Tp1Step tp1(config, options);
   tp1.sample_alone(session);
   // Calls per round when every rank runs that step (about window / 3).
   const int concurrent_calls =
       static_cast<int>(std::clamp(tp1.window / 3 / tp1.alone_samples[0], 3.0, 1000.0));
   if (session.world)
     tp1.concurrent_samples.push_back(session.concurrent_seconds([&] { tp1.run(); }, concurrent_calls));
-  std::map<int, double> tp_step_s;  // the model's forward + backward at tp g, every tp group at once
-  if (session.world) tp_step_s = measure_group_sizes(session, config, tp1, concurrent_calls, cal);
+  std::map<int, double> tp_step_ratio;  // the forward + backward at tp g over tp 1's, every rank at once
+  if (session.world) tp_step_ratio = measure_group_sizes(session, config, tp1, concurrent_calls, cal);
   tp1.sample_alone(session);
 
-  const double alone_step_s = mean(tp1.alone_samples);
+  std::vector<double> alone = tp1.alone_samples;
+  std::sort(alone.begin(), alone.end());
+  const double alone_step_s = alone[alone.size() / 2];
   if (session.world) cal.concurrency_slowdown = std::max(1.0, mean(tp1.concurrent_samples) / alone_step_s);
+  std::map<int, double> tp_step_s;  // at the concurrency the slowdown describes
+  for (const auto& [g, ratio] : tp_step_ratio) tp_step_s[g] = ratio * mean(tp1.concurrent_samples);
   cal.overhead_ratio = fit_overhead_ratio(session, config, tp1.shape, cal, alone_step_s);
   fit_overhead_ratio_by_tp(session, config, tp_step_s, cal);
   cal.host_steal_fraction = steal_fraction(cpu_at_start, host_cpu_times());
