@@ -139,10 +139,11 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
       core_saved = core_rebuilt = eager_saved;
       p.layer_backward += 2 * 4 * scores;  // the softmax's and the scores' gradients
     }
-    // A sparse block (every layer is modelled on layer 0): the router reads the
+    // A sparse block (every sparse layer is modelled on the first): the router reads the
     // whole block input (under sequence parallelism a gathered copy, kept) and keeps
     // fp32 probabilities; each chosen expert copies its tokens in and its output is
-    // kept by the routing weight's product; the shared expert's by its gate's.
+    // kept by the routing weight's product; the shared expert's output and sigmoid
+    // gate by their product.
     // Dense layers of a mixture (mlp_only_layers, decoder_sparse_step) keep their
     // dense MLP's terms instead: per_layer is the mean over the layers.
     // With ep the inputs are the rows that arrive at this rank's experts (expert_rows_share
@@ -158,9 +159,10 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
       // Without ep the weighted rows are summed by index_add, which keeps them (k rows a token).
       const int64_t combined = l.ep > 1 ? a * BTH : k * a * BTH;
       const int64_t gathered_input = l.sequence_parallel ? a * BTH : 0;
-      const int64_t sparse_mlp = 4 * a * BT * s.local_sparse_intermediate + gathered_input + 4 * BT * c.num_experts + expert_inputs + k * a * BTH +
-                                 combined + routing +
-                                 (c.shared_expert_intermediate_size > 0 ? a * BTH + a * BT : 0);
+      const int64_t shared_expert = c.shared_expert_intermediate_size > 0 ? a * BTH + a * BT : 0;
+      const int64_t sparse_mlp = 4 * a * BT * s.local_sparse_intermediate + gathered_input +
+                                 4 * BT * c.num_experts + expert_inputs + k * a * BTH + combined + routing +
+                                 shared_expert;
       const int64_t dense_mlp = 4 * a * BT * s.local_dense_intermediate;
       const int64_t sparse_layers = s.sparse_layers;
       p.recomputed += (sparse_layers * sparse_mlp + (c.num_layers - sparse_layers) * dense_mlp) /
