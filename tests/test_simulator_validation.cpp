@@ -102,8 +102,10 @@ AUTOTP_WORKER(simulator_memory) {
 // layers less those of L layers (a forward run and released first, so the rotary and
 // mask caches exist), against saved_activation_bytes of the same two depths, for this
 // rank's shard. Every architecture, fp32 and bf16, with selective recomputation and
-// without: within 2 KiB a layer (of 0.2-2.7 MB), which small tensors the model does not
-// list (scalars, Gemma 2's eager core's) take.
+// without, and with sequence parallelism: within 2 KiB a layer (of 0.2-2.7 MB), which
+// small tensors the model does not list (scalars, Gemma 2's eager core's) take. Not
+// with ep: random routing sends each rank's experts a different share of the rows,
+// where the model takes the balanced share.
 AUTOTP_WORKER(simulator_layer_activations) {
   constexpr int64_t kSmallTensors = 2048;
   install_memory_counter();
@@ -112,50 +114,55 @@ AUTOTP_WORKER(simulator_layer_activations) {
   constexpr int64_t kB = 2, kT = 128;
   for (const char* preset : {"llama-tiny", "gpt2-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny", "phi3-tiny",
                              "gemma2-tiny", "gemma3-tiny", "mixtral-tiny", "qwen2-moe-tiny", "qwen3-moe-tiny"}) {
-    for (const bool bf16 : {false, true}) {
-      for (const bool selective : {false, true}) {
-        const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
-        int64_t kept[2] = {}, simulated[2] = {};
-        for (int deeper = 0; deeper < 2; ++deeper) {
-          json raw = find_preset(preset).config;
-          const int64_t layers = 3 + deeper;  // Gemma: both depths have local and global layers
-          raw[raw.contains("n_layer") ? "n_layer" : "num_hidden_layers"] = layers;
-          ModelSource source;
-          source.config = ModelConfig::from_json(raw, preset);
-          source.label = preset;
-          if (tp > source.config.num_heads) continue;
-          const TpPlan plan = sim::build_plan(source.config, tp);
-          auto model = load_model(source, plan, topo->tp(), dtype, 1);
-          model->set_selective_recompute(selective);
-          auto rows = torch::randint(0, source.config.vocab_size, {kB, kT + 1}, torch::kLong);
-          auto ids = rows.narrow(1, 0, kT).contiguous(), targets = rows.narrow(1, 1, kT).contiguous();
-          model->token_losses(ids, targets).sum().backward();
-          const int64_t before = memory_counts().current;
-          auto loss = model->token_losses(ids, targets).sum();
-          kept[deeper] = memory_counts().current - before;
-          loss.backward();
-          sim::SimLayout layout;
-          layout.gpus = tp;
-          layout.tp = tp;
-          layout.micro_batch = kB;
-          layout.seq_len = kT;
-          layout.dtype = dtype;
-          layout.selective_recompute = selective;
-          layout.cuda = false;
-          simulated[deeper] = sim::saved_activation_bytes(
-              source.config, sim::rank_shape(source.config, plan, topo->tp_rank()), layout);
-        }
-        if (kept[0] == 0) continue;
-        const int64_t measured = kept[1] - kept[0], predicted = simulated[1] - simulated[0];
-        const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
-        const std::string where = fmt::format("{} {}{} tp {} rank {}", preset, bf16 ? "bf16" : "fp32",
-                                              selective ? " selective" : "", tp, topo->rank());
-        std::fprintf(stderr, "%s: a layer keeps %lld bytes, simulated %lld (%+lld, %+.3f%%)\n", where.c_str(),
-                     static_cast<long long>(measured), static_cast<long long>(predicted),
-                     static_cast<long long>(predicted - measured), 100 * error);
-        WORKER_CHECK(std::abs(predicted - measured) <= kSmallTensors, where, ": a layer keeps ", measured,
-                     " bytes, simulated ", predicted);
+    // fp32 / bf16 x selective recomputation off / on, and fp32 with sequence parallelism.
+    for (int variant = 0; variant < 5; ++variant) {
+      const bool bf16 = variant % 2 == 1, selective = variant == 2 || variant == 3, sp = variant == 4;
+      if (sp && tp == 1) continue;
+      // The model counts the busiest rank's share of the sequence, which the first ranks
+      // hold: the others run the forwards with them (collectives) but are not compared.
+      const bool compared = !sp || kT % tp == 0 || topo->tp_rank() < kT % tp;
+      const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
+      int64_t kept[2] = {}, simulated[2] = {};
+      for (int deeper = 0; deeper < 2; ++deeper) {
+        json raw = find_preset(preset).config;
+        const int64_t layers = 3 + deeper;  // Gemma: both depths have local and global layers
+        raw[raw.contains("n_layer") ? "n_layer" : "num_hidden_layers"] = layers;
+        ModelSource source;
+        source.config = ModelConfig::from_json(raw, preset);
+        source.label = preset;
+        if (tp > source.config.num_heads) continue;
+        const TpPlan plan = sim::build_plan(source.config, tp, sp);
+        auto model = load_model(source, plan, topo->tp(), dtype, 1);
+        model->set_selective_recompute(selective);
+        auto rows = torch::randint(0, source.config.vocab_size, {kB, kT + 1}, torch::kLong);
+        auto ids = rows.narrow(1, 0, kT).contiguous(), targets = rows.narrow(1, 1, kT).contiguous();
+        model->token_losses(ids, targets).sum().backward();
+        const int64_t before = memory_counts().current;
+        auto loss = model->token_losses(ids, targets).sum();
+        kept[deeper] = memory_counts().current - before;
+        loss.backward();
+        sim::SimLayout layout;
+        layout.gpus = tp;
+        layout.tp = tp;
+        layout.micro_batch = kB;
+        layout.seq_len = kT;
+        layout.dtype = dtype;
+        layout.selective_recompute = selective;
+        layout.sequence_parallel = sp;
+        layout.cuda = false;
+        simulated[deeper] = sim::saved_activation_bytes(
+            source.config, sim::rank_shape(source.config, plan, topo->tp_rank()), layout);
       }
+      if (kept[0] == 0 || !compared) continue;
+      const int64_t measured = kept[1] - kept[0], predicted = simulated[1] - simulated[0];
+      const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
+      const std::string where = fmt::format("{} {}{}{} tp {} rank {}", preset, bf16 ? "bf16" : "fp32",
+                                            selective ? " selective" : "", sp ? " sp" : "", tp, topo->rank());
+      std::fprintf(stderr, "%s: a layer keeps %lld bytes, simulated %lld (%+lld, %+.3f%%)\n", where.c_str(),
+                   static_cast<long long>(measured), static_cast<long long>(predicted),
+                   static_cast<long long>(predicted - measured), 100 * error);
+      WORKER_CHECK(std::abs(predicted - measured) <= kSmallTensors, where, ": a layer keeps ", measured,
+                   " bytes, simulated ", predicted);
     }
   }
 }

@@ -158,7 +158,9 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
       const int64_t routing = (8 + (l.ep > 1 ? 0 : 16) + a) * k * BT + (c.norm_topk_prob ? 4 * (k + 1) * BT : 0);
       // Without ep the weighted rows are summed by index_add, which keeps them (k rows a token).
       const int64_t combined = l.ep > 1 ? a * BTH : k * a * BTH;
-      const int64_t gathered_input = l.sequence_parallel ? a * BTH : 0;
+      // Under sequence parallelism the router keeps the gathered block input, and the
+      // norm's local output (counted with the norm) is kept by nothing.
+      const int64_t gathered_input = l.sequence_parallel ? a * BTH - a * BtH : 0;
       const int64_t shared_expert = c.shared_expert_intermediate_size > 0 ? a * BTH + a * BT : 0;
       const int64_t sparse_mlp = 4 * a * BT * s.local_sparse_intermediate + gathered_input +
                                  4 * BT * c.num_experts + expert_inputs + k * a * BTH + combined + routing +
