@@ -22,6 +22,20 @@ namespace {
 using nlohmann::json;
 
 constexpr int64_t kMicro = 2, kSeq = 64;
+
+// The layout the workers train: one tp group of `tp` in `gpus` ranks on the CPU.
+sim::SimLayout cpu_layout(int gpus, int tp, int64_t micro_batch, int64_t seq_len, torch::ScalarType dtype,
+                          bool sequence_parallel) {
+  sim::SimLayout layout;
+  layout.gpus = gpus;
+  layout.tp = tp;
+  layout.micro_batch = micro_batch;
+  layout.seq_len = seq_len;
+  layout.dtype = dtype;
+  layout.sequence_parallel = sequence_parallel;
+  layout.cuda = false;
+  return layout;
+}
 constexpr double kPeakTolerance = 0.10;
 
 AUTOTP_WORKER(simulator_memory) {
@@ -68,17 +82,10 @@ AUTOTP_WORKER(simulator_memory) {
         }
         measured = trainer.optimizer().model_state_bytes();
       }
-      sim::SimLayout layout;
-      layout.gpus = topo->world_size();
-      layout.tp = tp;
+      sim::SimLayout layout = cpu_layout(topo->world_size(), tp, kMicro, kSeq, dtype, sp);
       layout.zero_stage = stage;
-      layout.micro_batch = kMicro;
-      layout.seq_len = kSeq;
-      layout.dtype = dtype;
-      layout.sequence_parallel = sp;
       layout.optimizer = config.optimizer;
       layout.overlap_comm = config.zero.overlaps(/*cuda=*/false);  // as the engine trains here
-      layout.cuda = false;
       auto shape = sim::rank_shape(source.config, plan, topo->tp_rank());
       auto predicted = sim::estimate_memory(source.config, shape, layout);
       const std::string where = name + " tp " + std::to_string(tp) + " stage " + std::to_string(stage) + " rank " +
@@ -141,15 +148,8 @@ AUTOTP_WORKER(simulator_layer_activations) {
         auto loss = model->token_losses(ids, targets).sum();
         kept[deeper] = memory_counts().current - before;
         loss.backward();
-        sim::SimLayout layout;
-        layout.gpus = tp;
-        layout.tp = tp;
-        layout.micro_batch = kB;
-        layout.seq_len = kT;
-        layout.dtype = dtype;
+        sim::SimLayout layout = cpu_layout(tp, tp, kB, kT, dtype, sp);
         layout.selective_recompute = selective;
-        layout.sequence_parallel = sp;
-        layout.cuda = false;
         simulated[deeper] = sim::saved_activation_bytes(
             source.config, sim::rank_shape(source.config, plan, topo->tp_rank()), layout);
       }

@@ -23,6 +23,7 @@
 #include "autotp/base/host_cpu.h"
 #include "autotp/base/json_file.h"
 #include "autotp/base/log.h"
+#include "autotp/base/quantile.h"
 #include "autotp/zero/flat_layout.h"
 #include "simulator/cluster_catalog.h"
 #include "simulator/memory_model.h"
@@ -115,8 +116,21 @@ double median_call(Fn&& fn, double seconds, int min_calls) {
     calls.push_back(std::chrono::duration<double>(Clock::now() - call).count());
   } while (static_cast<int>(calls.size()) < min_calls ||
            std::chrono::duration<double>(Clock::now() - start).count() < seconds);
-  std::sort(calls.begin(), calls.end());
-  return calls[calls.size() / 2];
+  return median(calls);
+}
+
+// The median of `calls` calls of `fn` (no warm-up: with collectives every rank must
+// make the same number of calls).
+template <typename Fn>
+double median_of_calls(Fn&& fn, int calls) {
+  std::vector<double> each;
+  for (int i = 0; i < calls; ++i) {
+    const auto start = Clock::now();
+    fn();
+    synchronize(g_device);
+    each.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return median(each);
 }
 
 // Collectives: every rank must make the same number of calls, so the count is fixed.
@@ -430,15 +444,8 @@ struct Session {
     fn();  // warm-up
     barrier();
     StealWindow window;
-    std::vector<double> each;
-    for (int i = 0; i < 3 * calls; ++i) {
-      const auto start = Clock::now();
-      fn();
-      synchronize(g_device);
-      each.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    std::sort(each.begin(), each.end());
-    return average({each[each.size() / 2] * window.kept_share()})[0];
+    const double seconds = median_of_calls(fn, 3 * calls);
+    return average({seconds * window.kept_share()})[0];
   }
   // Seconds per call that `variant` takes beyond `base`, both run by every rank at
   // once: alternating rounds of `calls` calls each, so that the machine's drift over
@@ -480,15 +487,8 @@ struct Session {
     auto timed = [&](const std::function<void()>& fn) {  // the round's median call
       barrier();
       StealWindow window;
-      std::vector<double> each;
-      for (int i = 0; i < calls; ++i) {
-        const auto start = Clock::now();
-        fn();
-        synchronize(g_device);
-        each.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-      }
-      std::sort(each.begin(), each.end());
-      return each[each.size() / 2] * window.kept_share();
+      const double seconds = median_of_calls(fn, calls);
+      return seconds * window.kept_share();
     };
     std::vector<double> ratios;
     Ratio r;
@@ -498,8 +498,7 @@ struct Session {
       ratios.push_back(m[1] / m[0]);
       r.base_s += m[0] / rounds;
     }
-    std::sort(ratios.begin(), ratios.end());
-    r.ratio = ratios[ratios.size() / 2];
+    r.ratio = median(ratios);
     return r;
   }
 
@@ -994,9 +993,7 @@ Calibration run_calibration(const CalibrationOptions& options) {
   if (session.world) tp_step_ratio = measure_group_sizes(session, config, tp1, concurrent_calls, cal);
   tp1.sample_alone(session);
 
-  std::vector<double> alone = tp1.alone_samples;
-  std::sort(alone.begin(), alone.end());
-  const double alone_step_s = alone[alone.size() / 2];
+  const double alone_step_s = median(tp1.alone_samples);
   if (session.world) cal.concurrency_slowdown = std::max(1.0, mean(tp1.concurrent_samples) / alone_step_s);
   std::map<int, double> tp_step_s;  // at the concurrency the slowdown describes
   for (const auto& [g, ratio] : tp_step_ratio) tp_step_s[g] = ratio * mean(tp1.concurrent_samples);

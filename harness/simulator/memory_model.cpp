@@ -122,9 +122,7 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     if (c.qk_norm) p.recomputed += ((a + plus_one_extra) * BT * D + 4 * BT) * (heads + s.local_kv_heads);
     // A fused qkv projection (Phi-3): where the kv heads are not copied per query head,
     // v is a view of the fused output and keeps all of it (q's and k's columns too).
-    const bool fused_qkv = std::any_of(s.layer_linears.begin(), s.layer_linears.end(),
-                                       [](const LocalLinear& lin) { return ends_with(lin.name, "qkv_proj"); });
-    fused_qkv_rest = fused_qkv ? a * BT * (heads + s.local_kv_heads) * D : 0;
+    fused_qkv_rest = s.fused_qkv ? a * BT * (heads + s.local_kv_heads) * D : 0;
     if (heads == s.local_kv_heads && c.attn_softcap <= 0) p.recomputed += fused_qkv_rest;
     // Attention logit soft-capping runs the eager core (attention.cpp): the capped
     // scores kept by tanh, the fp32 softmax, its cast in 16 bits, instead of the

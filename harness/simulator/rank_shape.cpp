@@ -108,10 +108,12 @@ RankShape rank_shape(const ModelConfig& config, const TpPlan& plan, int tp_rank,
       const Axis out = e.desc.axes[e.desc.out_dim()];
       if (out == Axis::kHeads || out == Axis::kQkv) s.local_heads = local_heads(config, e.spec, tp_rank).count;
       if (out == Axis::kKvHeads) s.local_kv_heads = l.out / config.head_dim;
-      if (out == Axis::kQkv)  // [q | k | v]: the k part's width
+      if (out == Axis::kQkv) {  // [q | k | v]: the k part's width
+        s.fused_qkv = true;
         s.local_kv_heads = (e.spec.is_replicated() ? config.num_kv_heads * config.head_dim
                                                    : e.spec.segments(tp_rank).at(1).length) /
                            config.head_dim;
+      }
       if (out == Axis::kIntermediate) s.local_intermediate = l.out;
       if (out == Axis::kGateUp) s.local_intermediate = l.out / 2;
       // A token's activations in a sparse block: its top-k experts' (and the shared expert's)

@@ -59,6 +59,7 @@ struct RankShape {
   int64_t local_sparse_intermediate = 0;
   bool vocab_split = false;               // embedding / LM head vocab-parallel
   bool gpt2 = false;
+  bool fused_qkv = false;                 // one [q | k | v] projection (Axis::kQkv), as Phi-3 and GPT-2
   std::vector<int64_t> shared_numel;      // global numel of each parameter with kv slices shared over tp (tp_step's)
   TpStepShape tp_step;                    // the plan's part of the step's tp collectives (tp/tp_traffic.h)
   std::vector<FlatRange> layer_ranges;    // per decoder layer: what one ZeRO-3 layer gather fetches
