@@ -239,6 +239,21 @@ TEST_F(CliReliability, TestFaultVariableIsStrictAndSaysWhenArmed) {
       << r.output;
 }
 
+// AUTOTP_CPU_BF16_GEMM (base/bf16_matmul.h) is read at startup, whatever the run's dtype.
+TEST_F(CliReliability, CpuBf16GemmVariableIsStrict) {
+  const std::string cfg = config("bf16_gemm", ds_config(1e-3, 1, 1));
+  ::setenv("AUTOTP_CPU_BF16_GEMM", "bf16", 1);
+  auto r = run_cli(train(cfg, 1, 1));
+  ::unsetenv("AUTOTP_CPU_BF16_GEMM");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(count(r.output, "autotp: error: AUTOTP_CPU_BF16_GEMM=bf16: allowed values are auto, native, fp32"), 1)
+      << r.output;
+  ::setenv("AUTOTP_CPU_BF16_GEMM", "fp32", 1);
+  r = run_cli(train(cfg, 1, 1));
+  ::unsetenv("AUTOTP_CPU_BF16_GEMM");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 // torchrun restarts its workers with TORCHELASTIC_RESTART_COUNT > 0: autotp then
 // resumes from --save's latest. --resume auto does the same on a first start,
 // and starts from the beginning when there is no checkpoint yet.

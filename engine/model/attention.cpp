@@ -1,7 +1,12 @@
 #include "autotp/model/attention.h"
 
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+
 #include <limits>
 #include <map>
+
+#include "autotp/base/bf16_matmul.h"
 
 namespace autotp {
 namespace {
@@ -56,6 +61,36 @@ torch::Tensor select_heads(const torch::Tensor& t, const std::vector<int64_t>& k
   return t.index_select(1, torch::tensor(kv_index, torch::TensorOptions().dtype(torch::kLong).device(t.device())));
 }
 
+// Causal flash attention on bf16 q, k, v computed in fp32 (bf16_matmul.h: where
+// LibTorch's CPU bf16 GEMM is slow, its bf16 flash kernel is too: 440 ms against
+// 50 in fp32 for llama-small's backward). It keeps what the bf16 kernel keeps (q,
+// k, v and the output in bf16, the fp32 log-sum-exp) and widens them again in the
+// backward.
+class WidenedCausalAttention : public torch::autograd::Function<WidenedCausalAttention> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, double scale) {
+    const auto f32 = torch::kFloat32;
+    auto [out, logsumexp] = at::_scaled_dot_product_flash_attention_for_cpu(q.to(f32), k.to(f32), v.to(f32),
+                                                                            /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                                            /*attn_mask=*/{}, scale);
+    out = out.to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, logsumexp});
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto f32 = torch::kFloat32;
+    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        grads[0].to(f32), s[0].to(f32), s[1].to(f32), s[2].to(f32), s[3].to(f32), s[4], /*dropout_p=*/0.0,
+        /*is_causal=*/true, /*attn_mask=*/{}, ctx->saved_data["scale"].toDouble());
+    const auto dtype = s[0].scalar_type();
+    return {gq.to(dtype), gk.to(dtype), gv.to(dtype), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -72,11 +107,18 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
     if (!gqa) k_sel = select_heads(k, kv_index), v_sel = select_heads(v, kv_index);
   }
   const bool windowed = window > 0 && window < T;
+  if (!windowed && !gqa && widens_bf16(q, k_sel) && v_sel.scalar_type() == q.scalar_type())
+    return widened_causal_attention(q, k_sel, v_sel, scale).transpose(1, 2).reshape({B, T, H * D});
   auto out = windowed ? at::scaled_dot_product_attention(q, k_sel, v_sel, window_mask(T, window, q.device()),
                                                          /*dropout_p=*/0.0, /*is_causal=*/false, scale, gqa)
                       : at::scaled_dot_product_attention(q, k_sel, v_sel, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                          /*is_causal=*/true, scale, gqa);
   return out.transpose(1, 2).reshape({B, T, H * D});
+}
+
+torch::Tensor widened_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                       double scale) {
+  return WidenedCausalAttention::apply(q, k, v, scale);
 }
 
 torch::Tensor causal_attention_eager(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

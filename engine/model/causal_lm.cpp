@@ -15,6 +15,7 @@
 #include "autotp/model/attention.h"
 #include "autotp/model/expert_dispatch.h"
 #include "autotp/model/fused_experts.h"
+#include "autotp/base/bf16_matmul.h"
 #include "autotp/model/rms_norm.h"
 #include "autotp/base/error.h"
 #include "autotp/tp/parallel_layers.h"
@@ -393,7 +394,7 @@ torch::Tensor CausalLM::linear(const std::string& module, const torch::Tensor& x
   const Parameter* w = find(module + ".weight");
   TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
   torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? compute_weight(*w).t() : compute_weight(*w);
-  torch::Tensor y = F::linear(x, weight, tensor(module + ".bias"));
+  torch::Tensor y = linear_product(x, weight, tensor(module + ".bias"));
   const Parameter* a = find(module + ".lora_A.weight");
   if (!a) return y;
   return with_adapter(module, y, torch::matmul(adapter_input(module, x, nullptr).to(torch::kFloat32), a->tensor.t()));
@@ -613,7 +614,7 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   const torch::Tensor block_in = enter_block(h_in, split);  // the whole sequence under sequence parallelism
   const torch::Tensor x = block_in.reshape({-1, hidden});
   const Parameter* router = find(block + "gate.weight");
-  torch::Tensor probs = torch::softmax(F::linear(x, compute_weight(*router)), -1, torch::kFloat32);  // HF: fp32
+  torch::Tensor probs = torch::softmax(linear_product(x, compute_weight(*router)), -1, torch::kFloat32);  // HF: fp32
   if (router_aux_ && config_.router_aux_loss_enabled() && torch::GradMode::is_enabled() && probs.requires_grad())
     probs = RouterAuxGradient::apply(probs, router_aux_->grad_per_prob, router->entry->partial_grad ? tp_.size() : 1);
   auto [weights, selected] = probs.topk(config_.experts_per_token, -1);
@@ -621,9 +622,9 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   if (config_.norm_topk_prob) weights = weights / weights.sum(-1, true);
   weights = weights.to(x.scalar_type());
   auto expert = [&](int64_t e, const torch::Tensor& xe) {
-    auto ye = mlp_activation(F::linear(xe, tensor(config_.expert_module(layer, e, 0) + ".weight"))) *
-              F::linear(xe, tensor(config_.expert_module(layer, e, 1) + ".weight"));
-    return torch::matmul(ye, tensor(config_.expert_module(layer, e, 2) + ".weight").t());
+    auto ye = mlp_activation(linear_product(xe, tensor(config_.expert_module(layer, e, 0) + ".weight"))) *
+              linear_product(xe, tensor(config_.expert_module(layer, e, 1) + ".weight"));
+    return linear_product(ye, tensor(config_.expert_module(layer, e, 2) + ".weight"));
   };
   torch::Tensor out;
   if (ep_ && experts_.ep_size > 1) {
@@ -640,10 +641,10 @@ torch::Tensor CausalLM::moe_block(int64_t layer, const torch::Tensor& h_in) {
   }
   if (config_.shared_expert_intermediate_size > 0) {  // Qwen2-MoE: every token, behind a sigmoid gate
     const std::string s = block + "shared_expert.";
-    auto shared = mlp_activation(F::linear(x, tensor(s + "gate_proj.weight"))) *
-                  F::linear(x, tensor(s + "up_proj.weight"));
-    shared = torch::matmul(shared, tensor(s + "down_proj.weight").t());
-    out = out + torch::sigmoid(F::linear(x, tensor(block + "shared_expert_gate.weight"))) * shared;
+    auto shared = mlp_activation(linear_product(x, tensor(s + "gate_proj.weight"))) *
+                  linear_product(x, tensor(s + "up_proj.weight"));
+    shared = linear_product(shared, tensor(s + "down_proj.weight"));
+    out = out + torch::sigmoid(linear_product(x, tensor(block + "shared_expert_gate.weight"))) * shared;
   }
   out = out.view(block_in.sizes());
   if (!split) return out;
@@ -738,7 +739,7 @@ torch::Tensor CausalLM::row_partial(const std::string& module, const torch::Tens
   TORCH_INTERNAL_ASSERT(w, "no weight for ", module);
   if (w->entry->role != TpRole::kRow) return linear(module, x);  // a replicated block: the whole output
   torch::Tensor weight = w->entry->desc.kind == ParamKind::kConv1D ? compute_weight(*w).t() : compute_weight(*w);
-  torch::Tensor partial = torch::matmul(x, weight.t());
+  torch::Tensor partial = linear_product(x, weight);
   // LoRA: lora_A is cut like the input, so x_local A_local^T is a partial sum
   // too; B is linear, so its product joins the base's before the one reduction.
   const Parameter* a = find(module + ".lora_A.weight");
@@ -783,8 +784,8 @@ torch::Tensor CausalLM::lm_head_logits(const torch::Tensor& hidden) {
                                     {sequence_parallel_, sequence_sizes_, plan_.overlap_comm()})
                  .front();
   else  // a replicated head's gradient is whole on every rank: under sequence parallelism keep this rank's tokens
-    logits = torch::matmul(sequence_parallel_ ? gather_from_tp(hidden, tp_, 1, sequence_sizes_) : hidden,
-                           compute_weight(head).t());
+    logits = linear_product(sequence_parallel_ ? gather_from_tp(hidden, tp_, 1, sequence_sizes_) : hidden,
+                            compute_weight(head));
   if (config_.final_softcap > 0)  // Gemma 2, elementwise: each rank caps its vocab slice
     logits = torch::tanh(logits / config_.final_softcap) * config_.final_softcap;
   return logits;

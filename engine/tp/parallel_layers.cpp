@@ -1,6 +1,7 @@
 #include "autotp/tp/parallel_layers.h"
 
 #include "autotp/comm/autograd_collectives.h"
+#include "autotp/base/bf16_matmul.h"
 
 namespace autotp {
 namespace {
@@ -19,7 +20,8 @@ class ColumnParallelInputs : public torch::autograd::Function<ColumnParallelInpu
     // a frozen weight gets no gradient (its GEMM is skipped in the backward).
     c10::List<bool> needs_grad;
     for (const auto& w : weights) {
-      outputs.push_back(torch::matmul(w.scalar_type() == x_full.scalar_type() ? x_full : x_full.to(w.scalar_type()), w.t()));
+      outputs.push_back(
+          matmul_nograd(w.scalar_type() == x_full.scalar_type() ? x_full : x_full.to(w.scalar_type()), w.t()));
       needs_grad.push_back(w.requires_grad());
     }
     ctx->saved_data["needs_grad"] = needs_grad;
@@ -49,7 +51,7 @@ class ColumnParallelInputs : public torch::autograd::Function<ColumnParallelInpu
     torch::Tensor grad_x;
     for (size_t j = 1; j < saved.size(); ++j) {
       if (!grads[j - 1].defined()) continue;
-      auto term = torch::matmul(grads[j - 1], saved[j]);
+      auto term = matmul_nograd(grads[j - 1], saved[j]);
       if (term.scalar_type() != x.scalar_type()) term = term.to(x.scalar_type());
       grad_x = grad_x.defined() ? grad_x.add_(term) : term;
     }
@@ -78,7 +80,7 @@ class ColumnParallelInputs : public torch::autograd::Function<ColumnParallelInpu
       if (!needs_grad.get(j - 1)) continue;
       const auto& g = grads[j - 1];
       const auto rows = x_rows.scalar_type() == saved[j].scalar_type() ? x_rows : x_rows.to(saved[j].scalar_type());
-      out[j] = g.defined() ? g.reshape({-1, g.size(-1)}).t().mm(rows) : torch::zeros_like(saved[j]);
+      out[j] = g.defined() ? matmul_nograd(g.reshape({-1, g.size(-1)}).t(), rows) : torch::zeros_like(saved[j]);
     }
     reduce.wait();
     out[0] = sp ? reduced.movedim(0, 1) : reduced;
@@ -134,7 +136,7 @@ torch::Tensor column_parallel_linear(const torch::Tensor& x, const torch::Tensor
 
 torch::Tensor row_parallel_linear(const torch::Tensor& x_local, const torch::Tensor& weight,
                                   const torch::Tensor& bias, Comm& tp) {
-  auto y = reduce_from_tp(torch::matmul(x_local, weight.t()), tp);
+  auto y = reduce_from_tp(linear_product(x_local, weight), tp);
   return bias.defined() ? y + bias : y;
 }
 

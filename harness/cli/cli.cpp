@@ -8,6 +8,7 @@
 #include <string>
 #include <iostream>
 
+#include "autotp/base/bf16_matmul.h"
 #include "autotp/comm/dist_env.h"
 #include "autotp/base/device.h"
 #include "autotp/base/error.h"
@@ -143,6 +144,7 @@ int run(int argc, char** argv) {
   register_data(app);
   try {
     armed_test_fault();  // a bad AUTOTP_TEST_FAULT is exit 2 here, before any rank starts
+    cpu_bf16_gemm();     // and a bad AUTOTP_CPU_BF16_GEMM, whatever the run's dtype
     publish_phase("startup");
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

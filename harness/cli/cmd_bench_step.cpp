@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
+#include "autotp/base/bf16_matmul.h"
 #include "autotp/model/presets.h"
 #include "autotp/arch/model_flops.h"
 #include "autotp/base/device.h"
@@ -37,18 +38,22 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // GEMM rate [m, k] x [k, n] in FLOP/s on `device`: the best of a few timed
-// calls (CUDA events on a GPU).
+// calls (CUDA events on a GPU), through the engine's product (bf16 widened to
+// fp32 on CPUs without fast bf16 GEMMs, base/bf16_matmul.h).
 double gemm_rate(int64_t m, int64_t k, int64_t n, torch::ScalarType dtype, const torch::Device& device) {
   auto on = torch::TensorOptions().device(device);
   auto a = torch::randn({m, k}, on).to(dtype), b = torch::randn({k, n}, on).to(dtype);
-  auto c = torch::matmul(a, b);  // warm-up (thread pools, page faults, cuBLAS handles)
+  auto c = matmul_nograd(a, b);  // warm-up (thread pools, page faults, cuBLAS handles)
   synchronize(device);
   double best = 0;
   const auto start = Clock::now();
   for (int i = 0; i < 20 && (i < 3 || seconds_since(start) < 0.5); ++i) {
     StepClock clock(device);
     clock.mark();
-    torch::matmul_out(c, a, b);
+    if (widens_bf16(a, b))
+      c = matmul_nograd(a, b);
+    else
+      torch::matmul_out(c, a, b);
     clock.mark();
     best = std::max(best, 2.0 * m * k * n / clock.seconds()[0]);
   }

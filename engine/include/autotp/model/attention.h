@@ -28,6 +28,13 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
                                const std::vector<int64_t>& kv_index, double scale, int64_t window = 0,
                                const AttentionExtras& extras = {});
 
+// Causal attention of bf16 q, k, v [B, H, T, D] (as many kv heads as query heads)
+// computed by LibTorch's fp32 flash kernel, the output [B, H, T, D] rounded to
+// bf16: causal_attention takes it without a window on the CPUs where bf16 GEMMs
+// are widened (base/bf16_matmul.h). It keeps what the bf16 kernel keeps.
+torch::Tensor widened_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                       double scale);
+
 // The same computed eagerly (scores and fp32 softmax materialised, as HF's
 // "eager" attention): the reference the fused path is tested and benchmarked against.
 torch::Tensor causal_attention_eager(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
