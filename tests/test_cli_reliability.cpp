@@ -239,19 +239,29 @@ TEST_F(CliReliability, TestFaultVariableIsStrictAndSaysWhenArmed) {
       << r.output;
 }
 
-// AUTOTP_CPU_BF16_GEMM (base/bf16_matmul.h) is read at startup, whatever the run's dtype.
-TEST_F(CliReliability, CpuBf16GemmVariableIsStrict) {
-  const std::string cfg = config("bf16_gemm", ds_config(1e-3, 1, 1));
+// AUTOTP_CPU_BF16_GEMM (base/bf16_matmul.h) is read at startup, whatever the run's
+// dtype. Both paths train bf16 at tp 2 alike on any CPU: the widened products and
+// LibTorch's bf16 ones agree to bf16's precision, step after step.
+TEST_F(CliReliability, CpuBf16GemmVariableIsStrictAndBothPathsTrainAlike) {
+  const std::string fp32_cfg = config("fp32", ds_config(1e-3, 1, 1));
   ::setenv("AUTOTP_CPU_BF16_GEMM", "bf16", 1);
-  auto r = run_cli(train(cfg, 1, 1));
+  auto r = run_cli(train(fp32_cfg, 1, 1));
   ::unsetenv("AUTOTP_CPU_BF16_GEMM");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(count(r.output, "autotp: error: AUTOTP_CPU_BF16_GEMM=bf16: allowed values are auto, native, fp32"), 1)
       << r.output;
-  ::setenv("AUTOTP_CPU_BF16_GEMM", "fp32", 1);
-  r = run_cli(train(cfg, 1, 1));
-  ::unsetenv("AUTOTP_CPU_BF16_GEMM");
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::string cfg = config("bf16", ds_config(1e-3, 2, 1, {{"bf16", {{"enabled", true}}}}));
+  std::vector<std::vector<json>> runs;
+  for (const std::string mode : {"native", "fp32"}) {
+    ::setenv("AUTOTP_CPU_BF16_GEMM", mode.c_str(), 1);
+    r = run_cli(train(cfg, 4, 2) + " --metrics " + dir_ + "/" + mode + ".jsonl");
+    ::unsetenv("AUTOTP_CPU_BF16_GEMM");
+    ASSERT_EQ(r.exit_code, 0) << mode << r.output;
+    runs.push_back(test::read_json_lines(dir_ + "/" + mode + ".jsonl"));
+    ASSERT_EQ(runs.back().size(), 4u);
+  }
+  for (int s = 0; s < 4; ++s)
+    EXPECT_NEAR(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>(), 2e-2) << s;
 }
 
 // torchrun restarts its workers with TORCHELASTIC_RESTART_COUNT > 0: autotp then
