@@ -241,7 +241,7 @@ TEST_F(CliReliability, TestFaultVariableIsStrictAndSaysWhenArmed) {
 
 // AUTOTP_CPU_BF16_GEMM (base/bf16_matmul.h) is read at startup, whatever the run's
 // dtype. Both paths train bf16 at tp 2 alike on any CPU: the widened products and
-// LibTorch's bf16 ones agree to bf16's precision, step after step.
+// LibTorch's bf16 ones give losses within 5e-3 of each other, step after step.
 TEST_F(CliReliability, CpuBf16GemmVariableIsStrictAndBothPathsTrainAlike) {
   const std::string fp32_cfg = config("fp32", ds_config(1e-3, 1, 1));
   ::setenv("AUTOTP_CPU_BF16_GEMM", "bf16", 1);
@@ -261,7 +261,7 @@ TEST_F(CliReliability, CpuBf16GemmVariableIsStrictAndBothPathsTrainAlike) {
     ASSERT_EQ(runs.back().size(), 4u);
   }
   for (int s = 0; s < 4; ++s)
-    EXPECT_NEAR(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>(), 2e-2) << s;
+    EXPECT_NEAR(runs[1][s]["loss"].get<double>(), runs[0][s]["loss"].get<double>(), 5e-3) << s;  // measured: 9e-4
 }
 
 // torchrun restarts its workers with TORCHELASTIC_RESTART_COUNT > 0: autotp then

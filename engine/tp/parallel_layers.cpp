@@ -1,7 +1,7 @@
 #include "autotp/tp/parallel_layers.h"
 
-#include "autotp/comm/autograd_collectives.h"
 #include "autotp/base/bf16_matmul.h"
+#include "autotp/comm/autograd_collectives.h"
 
 namespace autotp {
 namespace {
