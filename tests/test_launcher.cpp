@@ -18,7 +18,9 @@
 #include "launcher/launcher.h"
 #include "launcher/restarts.h"
 #include "support/model_fixtures.h"
+#include "support/child_process.h"
 #include "support/multiprocess.h"
+#include "support/worker_zygote.h"
 
 namespace {
 
@@ -377,6 +379,39 @@ TEST(Launcher, SigtermToTheLauncherIsForwarded) {
   EXPECT_EQ(result.failed_rank, -1) << result.summary;
   EXPECT_NE(result.summary.find("interrupted by signal 15"), std::string::npos) << result.summary;
   for (const auto& rank : result.ranks) EXPECT_TRUE(rank.killed_by_launcher) << "rank " << rank.rank;
+}
+
+// args: "cloned" or "exec" (how the rank must have started), the launcher's pid.
+AUTOTP_WORKER(report_start) {
+  std::ifstream in("/proc/self/cmdline");
+  const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const bool execed = cmdline.find("--autotp-worker") != std::string::npos;
+  WORKER_CHECK(execed == (ctx.args.at(0) == "exec"), "expected a rank started by ", ctx.args.at(0),
+               "; its command line: ", cmdline);
+  WORKER_CHECK(getppid() == std::stoi(ctx.args.at(1)), "parent ", getppid(), ", launcher ", ctx.args.at(1));
+  WORKER_CHECK(at::get_num_threads() == 1, "at::get_num_threads() ", at::get_num_threads());
+}
+
+TEST(WorkerZygote, RanksAreClonedFromItAsChildrenOfTheLauncher) {
+  if (!autotp::test::worker_zygote_spawner())
+    GTEST_SKIP() << "no worker zygote in this process (AUTOTP_TEST_ZYGOTE=0, a sanitizer build, or threads "
+                    "before main): run_workers execs every rank";
+  const std::string launcher_pid = std::to_string(getpid());
+  auto cloned = autotp::test::run_workers("report_start", 3, {"cloned", launcher_pid});
+  ASSERT_EQ(cloned.exit_code, 0) << cloned.summary;
+  // The launcher's own path (no spawner) still execs.
+  auto execed = autotp::launcher::launch_local(worker_options("report_start", 2, {"exec", launcher_pid}));
+  ASSERT_EQ(execed.exit_code, 0) << execed.summary;
+}
+
+TEST(WorkerZygote, SettingIsStrict) {
+  const std::string log = temp_path("zygote_setting") + ".log";
+  autotp::test::ChildProcess child(
+      {"env", "AUTOTP_TEST_ZYGOTE=yes", autotp::launcher::self_executable(), "--gtest_list_tests"}, log);
+  ASSERT_TRUE(child.wait_until(Clock::now() + std::chrono::seconds(60)));
+  EXPECT_EQ(child.exit_code(), 2) << child.output();
+  EXPECT_NE(child.output().find("AUTOTP_TEST_ZYGOTE=yes: allowed values are 0"), std::string::npos) << child.output();
+  std::filesystem::remove(log);
 }
 
 TEST(Launcher, FreePortIsUsable) {

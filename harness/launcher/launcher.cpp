@@ -162,6 +162,38 @@ int64_t proportional_set_bytes(pid_t pid) {
   return 0;
 }
 
+// posix_spawn: the child runs no code of ours between fork and exec (LibTorch's
+// thread pools would not survive a plain fork). Returns 0 or the error number.
+int posix_spawn_rank(const RankSpawn& request, pid_t* pid) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, request.output_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, request.output_fd, STDERR_FILENO);
+  // dup2 clears close-on-exec on the copy (glibc also when the numbers are equal).
+  if (request.listen_fd >= 0) posix_spawn_file_actions_adddup2(&actions, request.listen_fd, request.listen_target_fd);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t defaults, mask;
+  sigemptyset(&defaults);
+  for (int signo : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&defaults, signo);
+  sigemptyset(&mask);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setsigmask(&attributes, &mask);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+
+  std::vector<char*> argv, envp;
+  for (const auto& arg : request.argv) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& entry : request.environment) envp.push_back(const_cast<char*>(entry.c_str()));
+  envp.push_back(nullptr);
+
+  const int error = posix_spawnp(pid, argv[0], &actions, &attributes, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  return error;
+}
+
 class LocalLaunch {
  public:
   explicit LocalLaunch(const LaunchOptions& options) : options_(options), ranks_(options.nproc) {}
@@ -268,38 +300,25 @@ class LocalLaunch {
     return environments;
   }
 
-  // posix_spawn: the child runs no code of ours between fork and exec (LibTorch's
-  // thread pools would not survive a plain fork).
   bool spawn(int r, const std::vector<std::string>& environment) {
     Rank& rank = ranks_[r];
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) throw errno_error("launcher: pipe2");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
-    // dup2 clears close-on-exec on the copy (glibc also when the numbers are equal).
-    if (r == 0 && master_socket_ >= 0) posix_spawn_file_actions_adddup2(&actions, master_socket_, kMasterListenFd);
-    posix_spawnattr_t attributes;
-    posix_spawnattr_init(&attributes);
-    sigset_t defaults, mask;
-    sigemptyset(&defaults);
-    for (int signo : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&defaults, signo);
-    sigemptyset(&mask);
-    posix_spawnattr_setsigdefault(&attributes, &defaults);
-    posix_spawnattr_setsigmask(&attributes, &mask);
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-
-    std::vector<char*> argv, envp;
-    for (const auto& arg : options_.argv) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    for (const auto& entry : environment) envp.push_back(const_cast<char*>(entry.c_str()));
-    envp.push_back(nullptr);
-
-    const int error = posix_spawnp(&rank.pid, argv[0], &actions, &attributes, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attributes);
+    RankSpawn request{options_.argv, environment, fds[1], -1, -1};
+    if (r == 0 && master_socket_ >= 0) {
+      request.listen_fd = master_socket_;
+      request.listen_target_fd = kMasterListenFd;
+    }
+    int error = 0;
+    if (options_.spawner) {
+      try {
+        rank.pid = options_.spawner(request);
+      } catch (const std::system_error& failure) {
+        error = failure.code().value();
+      }
+    } else {
+      error = posix_spawn_rank(request, &rank.pid);
+    }
     close(fds[1]);
     if (error != 0) {
       close(fds[0]);

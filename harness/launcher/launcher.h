@@ -1,12 +1,31 @@
-// Local launcher: starts N ranks of a command by exec (never fork-only, since
-// LibTorch's thread pools do not survive a fork), sets the torchrun-style
-// environment, forwards their output, and fails fast when one rank fails.
+// Local launcher: starts N ranks of a command by exec (never a fork of the
+// launcher itself, whose LibTorch thread pools would not survive it; a caller may
+// pass a spawner that starts them otherwise), sets the torchrun-style environment,
+// forwards their output, and fails fast when one rank fails.
 #pragma once
+#include <sys/types.h>
+
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace autotp::launcher {
+
+// One rank's process as the launcher wants it started: argv, its whole environment,
+// the descriptor its stdout and stderr go to (stdin is /dev/null), and a descriptor
+// (or -1) it must find at number listen_target_fd.
+struct RankSpawn {
+  std::vector<std::string> argv;
+  std::vector<std::string> environment;  // "KEY=value" entries
+  int output_fd = -1;
+  int listen_fd = -1;
+  int listen_target_fd = -1;
+};
+
+// Starts a rank as a child of the calling process (the launcher waits for it and
+// signals it) and returns its pid; throws std::system_error when it cannot.
+using RankSpawner = std::function<pid_t(const RankSpawn&)>;
 
 struct LaunchOptions {
   int nproc = 1;                           // number of local ranks to start
@@ -16,6 +35,7 @@ struct LaunchOptions {
   double kill_grace_s = 2.0;               // after a failure: SIGTERM, then SIGKILL after this
   bool prefix_output = false;              // prefix forwarded lines with "[rank N] "
   bool quiet = false;                      // do not forward rank output (still kept for the tail)
+  RankSpawner spawner;                     // empty: posix_spawn of argv (an exec per rank)
 };
 
 struct RankOutcome {

@@ -9,6 +9,7 @@
 
 #include "autotp/comm/process_group.h"
 #include "autotp/base/log.h"
+#include "support/worker_zygote.h"
 
 namespace autotp::test {
 namespace {
@@ -123,6 +124,7 @@ launcher::LaunchResult run_workers(const std::string& name, int world, const std
   options.threads_per_rank = 1;
   options.prefix_output = true;
   options.quiet = false;
+  options.spawner = worker_zygote_spawner();
   return launcher::launch_local(options);
 }
 

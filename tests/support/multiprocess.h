@@ -1,6 +1,7 @@
 // Multi-process tests with real Gloo ranks. A test binary doubles as its own
-// worker: run_workers() re-executes it (launch_local, so by exec, never a bare
-// fork) as `<binary> --autotp-worker NAME ARGS...` once per rank, and
+// worker: run_workers() starts it (launch_local) as `<binary> --autotp-worker
+// NAME ARGS...` once per rank, cloned from the worker zygote that test_main forked
+// before anything ran (worker_zygote.h; an exec with AUTOTP_TEST_ZYGOTE=0), and
 // test_main.cpp dispatches that to the function registered with AUTOTP_WORKER.
 //
 //   AUTOTP_WORKER(sum_ranks) {
