@@ -275,7 +275,7 @@ void ZeroOptimizer::apply_update(double lr, double coef, double scale) {
   if (offload_) offload_->collect_gradients([this](int64_t b, int64_t n) { return grads_at(b, n); });
   // Bucket by bucket: the partition's gradients upcast to fp32, unscaled, clipped, applied.
   optimizer_->begin_step();
-  const int64_t chunk = std::min(comm_.reduce_bucket(), kUpdateChunk);
+  const int64_t chunk = std::min(comm_.reduce_bucket(), offload_ ? kUpdateChunk : update_chunk(model_.device().is_cuda()));
   for (const auto& piece : trained_->pieces) {
     for (int64_t offset = 0; offset < piece.length; offset += chunk) {
       const int64_t n = std::min(chunk, piece.length - offset);

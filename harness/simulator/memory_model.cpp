@@ -392,7 +392,7 @@ OptimizerMoments optimizer_moments(const SimLayout& layout, int64_t part, const 
   const int64_t norm_temporaries = norm_copies ? 8 * std::min(part, grad_norm_chunk(layout.cuda)) : 0;
   // The update's fp32 upcast runs on the host with offload_optimizer.
   const int64_t update_temporaries =
-      mixed && !layout.offloads_optimizer() ? 4 * std::min(part, kUpdateChunk) : 0;
+      mixed && !layout.offloads_optimizer() ? 4 * std::min(part, update_chunk(layout.cuda)) : 0;
   const int64_t largest_unit = std::max({u.max_layer, u.head, u.embed});
   const int64_t unit_slice = largest_unit / std::max(dp, 1);
   const int64_t gather_columns =

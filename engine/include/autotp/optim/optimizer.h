@@ -13,8 +13,13 @@
 namespace autotp {
 
 // Elements of 16-bit gradients the ZeRO step upcasts to fp32 and hands to
-// update() at a time (16 MiB of fp32): the update's only temporary.
+// update() at a time (16 MiB of fp32): the update's only temporary. On the CPU
+// (unless the optimizer is offloaded, whose pieces the host-to-device copies
+// follow) 1 MiB of fp32, so the upcast, unscale and clip are read back from the
+// cache rather than from memory.
 constexpr int64_t kUpdateChunk = int64_t{1} << 22;
+constexpr int64_t kUpdateChunkCpu = int64_t{1} << 18;
+constexpr int64_t update_chunk(bool cuda) { return cuda ? kUpdateChunk : kUpdateChunkCpu; }
 
 class FlatOptimizer {
  public:
