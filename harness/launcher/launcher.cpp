@@ -176,7 +176,7 @@ int posix_spawn_rank(const RankSpawn& request, pid_t* pid) {
   posix_spawnattr_init(&attributes);
   sigset_t defaults, mask;
   sigemptyset(&defaults);
-  for (int signo : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&defaults, signo);
+  for (int signo : kRankDefaultSignals) sigaddset(&defaults, signo);
   sigemptyset(&mask);
   posix_spawnattr_setsigdefault(&attributes, &defaults);
   posix_spawnattr_setsigmask(&attributes, &mask);

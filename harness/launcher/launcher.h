@@ -3,6 +3,7 @@
 // pass a spawner that starts them otherwise), sets the torchrun-style environment,
 // forwards their output, and fails fast when one rank fails.
 #pragma once
+#include <signal.h>
 #include <sys/types.h>
 
 #include <functional>
@@ -22,6 +23,10 @@ struct RankSpawn {
   int listen_fd = -1;
   int listen_target_fd = -1;
 };
+
+// Signals a rank starts with at their default action (the launcher may ignore or
+// catch them itself), with none blocked.
+inline constexpr int kRankDefaultSignals[] = {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD};
 
 // Starts a rank as a child of the calling process (the launcher waits for it and
 // signals it) and returns its pid; throws std::system_error when it cannot.

@@ -91,8 +91,7 @@ bool parse(const char* data, size_t size, Request* request) {
 
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
-  for (int signo : {SIGINT, SIGTERM, SIGPIPE, SIGHUP, SIGQUIT, SIGCHLD})
-    sigaction(signo, &default_action, nullptr);
+  for (int signo : launcher::kRankDefaultSignals) sigaction(signo, &default_action, nullptr);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
