@@ -650,6 +650,11 @@ TEST(SimulatorCli, CalibratesCpuLocalAndSimulatesOnIt) {
   ASSERT_TRUE(c.optimizer_step.has_value());
   EXPECT_GT(c.optimizer_step->rate, 1.0);
   EXPECT_GE(c.overhead_ratio, 0.0);
+  // The framework's cost per op or node, from the narrow copy's three windows: a
+  // few microseconds on any CPU this runs on (7-16 us here), never zero.
+  ASSERT_TRUE(c.dispatch_op_s.has_value());
+  EXPECT_GT(*c.dispatch_op_s, 1e-7);
+  EXPECT_LT(*c.dispatch_op_s, 1e-3);
   for (int g : {2, 4}) {
     EXPECT_EQ(c.all_reduce.count(g), 1u) << g;
     EXPECT_EQ(c.all_gather.count(g), 1u) << g;

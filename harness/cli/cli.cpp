@@ -88,7 +88,7 @@ int maybe_launch(const WorldOptions& options) {
   if (result.exit_code == 0 && result.peak_resident_bytes > 0)
     std::cerr << fmt::format(
         "autotp: peak resident memory of the launcher and {} ranks together: {:.2f} GiB (proportional set "
-        "sizes, sampled every second: pages they share counted once)\n",
+        "sizes: pages they share counted once)\n",
         options.nproc, result.peak_resident_bytes / 1073741824.0);
   return result.exit_code;
 }

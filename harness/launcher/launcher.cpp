@@ -38,7 +38,11 @@ namespace {
 constexpr size_t kTailLines = 40;
 constexpr size_t kMaxLineBytes = 64 * 1024;  // a longer "line" is forwarded in pieces
 constexpr int kPollMs = 20;                  // also how often exited ranks are reaped
-constexpr int64_t kResidentSampleNs = 1'000'000'000;  // how often the run's resident memory is sampled
+constexpr int64_t kResidentSampleNs = 1'000'000'000;  // how often the run's resident set is looked at
+// Pss walks a process's page tables (10-20 ms of kernel time for a LibTorch rank,
+// taken from a core the ranks train on): it is read when the resident sets'
+// sum passes its high at the earlier readings by 1/64, and at least this often.
+constexpr int64_t kProportionalSampleNs = 10'000'000'000;
 constexpr const char* kErrorFileVariable = "AUTOTP_ERROR_FILE";
 // Rank 0 finds the launcher's listening socket at this descriptor (see
 // master_listen_fd in dist_env.h).
@@ -160,6 +164,15 @@ int64_t proportional_set_bytes(pid_t pid) {
     in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
   return 0;
+}
+
+// A process's resident set in bytes from /proc/PID/statm (a counter the kernel
+// keeps: no page-table walk), 0 when /proc does not say.
+int64_t resident_set_bytes(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/statm", pid));
+  int64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * sysconf(_SC_PAGESIZE);
 }
 
 // posix_spawn: the child runs no code of ours between fork and exec (LibTorch's
@@ -398,6 +411,18 @@ class LocalLaunch {
     const int64_t now = now_ns();
     if (now - last_sample_ns_ < kResidentSampleNs) return;
     last_sample_ns_ = now;
+    int64_t resident = resident_set_bytes(getpid());
+    for (const auto& rank : ranks_)
+      if (rank.running) resident += resident_set_bytes(rank.pid);
+    // The proportional sum only rises past its peak when some process's pages
+    // grow (or stop being shared, which the periodic reading catches). A step's
+    // allocations move the resident sum by a little each second: a rise under
+    // 1/64 of the high waits for the periodic reading.
+    if (resident <= resident_at_peak_check_ + resident_at_peak_check_ / 64 &&
+        now - last_proportional_ns_ < kProportionalSampleNs)
+      return;
+    resident_at_peak_check_ = std::max(resident_at_peak_check_, resident);
+    last_proportional_ns_ = now;
     int64_t total = proportional_set_bytes(getpid());
     for (const auto& rank : ranks_)
       if (rank.running) total += proportional_set_bytes(rank.pid);
@@ -569,6 +594,7 @@ class LocalLaunch {
   int master_socket_ = -1, master_port_ = 0;
   int64_t kill_deadline_ns_ = 0;
   int64_t last_sample_ns_ = 0, peak_resident_bytes_ = 0;
+  int64_t last_proportional_ns_ = 0, resident_at_peak_check_ = 0;  // when Pss was last read, and the Rss sum then
   bool killed_ = false;
   bool failure_seen_ = false;
   int interrupted_by_ = 0;

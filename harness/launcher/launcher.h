@@ -65,7 +65,8 @@ struct LaunchResult {
   int failed_signal = 0;        // the signal that ended it (SIGSTOP when it was stopped), 0 if it exited
   bool failed_stopped = false;  // it was stopped (state T) and its peers timed out; the launcher killed it
   // Peak of the launcher's and the ranks' proportional set sizes summed (Pss of
-  // /proc/PID/smaps_rollup, sampled every second): the machine memory the run held,
+  // /proc/PID/smaps_rollup, read when the resident sets' sum passes its earlier
+  // high by 1/64 and every 10 s): the machine memory the run held,
   // with the pages the processes share (LibTorch's code) counted once. 0 where the
   // kernel does not report it. A sum of the ranks' own peaks counts those pages
   // once per rank (about 0.19 GiB each for this CUDA build of LibTorch).

@@ -615,24 +615,44 @@ void measure_elementwise(const Session& session, torch::ScalarType dtype, Comput
 // The framework's fixed cost per dispatched op: the calibration model's narrow
 // copy (the same ops on tensors of a few elements, so its time is the
 // framework's), forward + backward timed, over the ops and nodes it dispatches.
-void measure_dispatch(const Session& session, const ModelConfig& config, Calibration& cal) {
-  if (session.options.device.is_cuda()) return;  // GPU ops run asynchronously behind their launch
-  std::vector<double> measured = {0};
-  StealWindow window;
-  if (session.measures) {
+// Sampled in windows before, amid and after the rest, and the median of all
+// their calls kept: here its half-second medians move between 8 and 16 us per op
+// from one second to the next, so one short window priced a whole run's ops at
+// whichever second it caught (docs/simulator.md, "cpu-local calibration").
+struct DispatchSamples {
+  DispatchSamples(const Session& session, const ModelConfig& config)
+      : window(std::max(0.5, 4 * session.options.seconds_per_point)) {
+    if (!session.measures || session.options.device.is_cuda()) return;  // GPU ops run behind their launch
     SimLayout layout;
     layout.gpus = 1;
     layout.micro_batch = session.options.micro_batch;
     layout.seq_len = session.options.seq_len;
     layout.dtype = session.options.dtype;
-    NarrowStep step(config, layout);
-    const OpCounts counts = count_ops([&] { step.run(); });
-    measured[0] = median_call([&] { step.run(); }, std::max(0.2, 4 * session.options.seconds_per_point), 15) /
-                  (counts.ops + counts.nodes);
+    step = std::make_unique<NarrowStep>(config, layout);
+    const OpCounts counts = count_ops([&] { step->run(); });
+    ops = counts.ops + counts.nodes;
   }
-  measured = session.from_rank0(scaled(measured, window.kept_share()));
-  cal.dispatch_op_s = measured[0];
-}
+  void sample() {
+    if (!step) return;
+    StealWindow steal;
+    std::vector<double> window_calls;
+    const auto start = Clock::now();
+    do {
+      const auto call = Clock::now();
+      step->run();
+      window_calls.push_back(std::chrono::duration<double>(Clock::now() - call).count());
+    } while (std::chrono::duration<double>(Clock::now() - start).count() < window);
+    for (double c : window_calls) calls.push_back(c * steal.kept_share());
+  }
+  void store(const Session& session, Calibration& cal) const {
+    if (session.options.device.is_cuda()) return;
+    cal.dispatch_op_s = session.from_rank0({step ? median(calls) / ops : 0.0})[0];
+  }
+  const double window;
+  std::unique_ptr<NarrowStep> step;  // rank 0's, on the CPU
+  double ops = 0;
+  std::vector<double> calls;  // seconds per forward + backward, every window's
+};
 
 // The optimizer step on partitions up to the model's size, as ZeroOptimizer::step runs it.
 void measure_optimizer_step(const Session& session, const ModelConfig& config, Calibration& cal) {
@@ -973,6 +993,10 @@ Calibration run_calibration(const CalibrationOptions& options) {
   // kept): this machine's speed drifts by 10-25% over minutes, and the framework
   // overhead is the step over what the micro-benchmarks predict.
   Tp1Step tp1(config, options);
+  // Rank 0 samples the dispatch right before each tp-1 sample, while the other
+  // ranks already wait in that sample's broadcast.
+  DispatchSamples dispatch(session, config);
+  dispatch.sample();
   tp1.sample_alone(session);
   measure_gemms(session, config, options.dtype, cal.compute);
   measure_elementwise(session, options.dtype, cal.compute);
@@ -982,8 +1006,8 @@ Calibration run_calibration(const CalibrationOptions& options) {
   measure_elementwise(session, other, cal.other_dtypes[dtype_label(other)]);
   measure_optimizer_step(session, config, cal);
   measure_cpu_adam(session, cal);
-  measure_dispatch(session, config, cal);
 
+  dispatch.sample();
   tp1.sample_alone(session);
   // Calls per round when every rank runs that step (about window / 3).
   const int concurrent_calls =
@@ -992,7 +1016,9 @@ Calibration run_calibration(const CalibrationOptions& options) {
     tp1.concurrent_samples.push_back(session.concurrent_seconds([&] { tp1.run(); }, concurrent_calls));
   std::map<int, double> tp_step_ratio;  // the forward + backward at tp g over tp 1's, every rank at once
   if (session.world) tp_step_ratio = measure_group_sizes(session, config, tp1, concurrent_calls, cal);
+  dispatch.sample();
   tp1.sample_alone(session);
+  dispatch.store(session, cal);
 
   const double alone_step_s = median(tp1.alone_samples);
   if (session.world) cal.concurrency_slowdown = std::max(1.0, mean(tp1.concurrent_samples) / alone_step_s);
