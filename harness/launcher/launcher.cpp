@@ -39,7 +39,7 @@ constexpr size_t kTailLines = 40;
 constexpr size_t kMaxLineBytes = 64 * 1024;  // a longer "line" is forwarded in pieces
 constexpr int kPollMs = 20;                  // also how often exited ranks are reaped
 constexpr int64_t kResidentSampleNs = 1'000'000'000;  // how often the run's resident set is looked at
-// Pss walks a process's page tables (10-20 ms of kernel time for a LibTorch rank,
+// Pss walks a process's page tables (about 8 ms of CPU for a LibTorch rank,
 // taken from a core the ranks train on): it is read when the resident sets'
 // sum passes its high at the earlier readings by 1/64, and at least this often.
 constexpr int64_t kProportionalSampleNs = 10'000'000'000;
