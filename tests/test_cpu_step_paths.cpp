@@ -125,7 +125,9 @@ void expect_one_rounding(const torch::Tensor& a, const torch::Tensor& b, double 
   auto a64 = a.to(torch::kFloat64), b64 = b.to(torch::kFloat64);
   auto bound = b64.abs() * std::ldexp(1.0, -7) * 1.001 + term_scale * 1e-6;
   EXPECT_TRUE(((a64 - b64).abs() <= bound).all().item<bool>()) << (a64 - b64).abs().max().item<double>();
-  if (a.numel() > 0) EXPECT_GT(a64.eq(b64).to(torch::kFloat64).mean().item<double>(), 0.95);
+  if (a.numel() > 0) {
+    EXPECT_GT(a64.eq(b64).to(torch::kFloat64).mean().item<double>(), 0.95);
+  }
 }
 
 TEST(WidenedBf16, ProductIsTheFp32ProductRoundedOnce) {

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include "autotp/base/cuda_runtime.h"
+#include "autotp/base/device.h"
 #include "autotp/comm/comm.h"
 #include "autotp/comm/process_group.h"
 #include "autotp/zero/unit_collectives.h"
@@ -32,8 +34,8 @@ class CommAlone : public ::testing::TestWithParam<AloneCase> {
  protected:
   void SetUp() override {
     const AloneCase& c = GetParam();
-    if (c.backend == Backend::kNccl && !torch::cuda::is_available())
-      GTEST_SKIP() << "no GPU here (torch::cuda::is_available() is false): NCCL's paths need one";
+    if (c.backend == Backend::kNccl && cuda_device_count() == 0)
+      GTEST_SKIP() << "no GPU here (" << cuda_unavailable_reason() << "): NCCL's paths need one";
     store_path_ = std::filesystem::temp_directory_path() / ("autotp_alone_" + std::to_string(getpid()) + c.name());
     std::filesystem::remove(store_path_);
     auto group = create_process_group(c.backend, create_file_store(store_path_.string(), 1), 0, 1,

@@ -1,5 +1,5 @@
 // GPU tests (ctest label "gpu"; tools/gpu-check runs them on a GPU machine).
-// Each skips with a message where torch::cuda::is_available() is false.
+// Each skips with a message where this process sees no GPU (cuda_unavailable_reason()).
 //  - the same model and data trained 20 steps on CUDA and on CPU give the same
 //    losses (fp32: 1e-5 relative, bf16: 1e-3), and GPU memory comes from the
 //    caching allocator;
@@ -13,6 +13,7 @@
 
 #include <filesystem>
 
+#include "autotp/base/cuda_runtime.h"
 #include "autotp/comm/process_group.h"
 #include "autotp/model/presets.h"
 #include "autotp/checkpoint/checkpointing.h"
@@ -29,7 +30,7 @@ using nlohmann::json;
 constexpr int64_t kSeq = 32;
 
 #define SKIP_WITHOUT_GPU()                                                                 \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU here (torch::cuda::is_available() is false)"
+  if (autotp::cuda_device_count() == 0) GTEST_SKIP() << "no GPU here (" << autotp::cuda_unavailable_reason() << ")"
 
 json train_config(int tp, int stage, int64_t micro, bool bf16) {
   return {{"train_micro_batch_size_per_gpu", micro},

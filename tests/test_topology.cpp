@@ -9,6 +9,8 @@
 #include <functional>
 #include <optional>
 
+#include "autotp/base/cuda_runtime.h"
+#include "autotp/base/device.h"
 #include "autotp/comm/dist_env.h"
 #include "autotp/comm/process_group.h"
 #include "autotp/comm/topology.h"
@@ -222,16 +224,18 @@ TEST(ProcessGroups, BackendNamesAndNcclAvailability) {
   EXPECT_EQ(autotp::parse_backend("nccl"), autotp::Backend::kNccl);
   EXPECT_EQ(user_error_message([] { autotp::parse_backend("mpi"); }),
             "unknown communication backend 'mpi' (allowed: gloo, nccl)");
-  // The torch wheel is a CUDA build: NCCL is compiled in everywhere; without a GPU
-  // asking for it is a clear error (tests/test_gpu_training.cpp covers the GPU side).
-  EXPECT_TRUE(autotp::nccl_available());
-  if (torch::cuda::device_count() == 0) {
+  // NCCL comes with the CUDA library (test_cuda_runtime.cpp): available where it is
+  // loaded; without a GPU asking for it is a clear error naming why
+  // (tests/test_gpu_training.cpp covers the GPU side).
+  EXPECT_EQ(autotp::nccl_available(), autotp::cuda_runtime() != nullptr);
+  if (autotp::cuda_device_count() == 0) {
     const auto path =
         std::filesystem::temp_directory_path() / ("autotp_nccl_store_" + std::to_string(getpid()));
     auto store = autotp::create_file_store(path.string(), 1);
     const std::string message = user_error_message(
         [&] { autotp::create_process_group(autotp::Backend::kNccl, store, 0, 1, std::chrono::seconds(5)); });
-    EXPECT_EQ(message, "backend nccl needs a GPU, and none is visible to this process (use backend gloo)");
+    EXPECT_EQ(message, "backend nccl needs a GPU, and none is visible to this process (" +
+                           autotp::cuda_unavailable_reason() + "); use backend gloo");
     std::filesystem::remove(path);
   }
 }

@@ -1,11 +1,6 @@
 #include "autotp/base/device.h"
 
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGuard.h>
-
+#include "autotp/base/cuda_runtime.h"
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
 
@@ -19,48 +14,40 @@ DeviceKind parse_device(const std::string& name) {
 }
 
 int cuda_device_count() {
-  // device_count() reports 0 (not an error) when there is no driver or no GPU.
-  return torch::cuda::is_available() ? static_cast<int>(c10::cuda::device_count()) : 0;
+  const CudaRuntime* cuda = cuda_runtime();
+  return cuda ? cuda->device_count() : 0;
 }
 
 torch::Device bind_device(DeviceKind kind, int local_rank, int local_world_size, bool shared) {
   if (kind == DeviceKind::kCpu) return torch::Device(torch::kCPU);
   const int gpus = cuda_device_count();
   if (kind == DeviceKind::kAuto && (gpus == 0 || gpus < local_world_size)) return torch::Device(torch::kCPU);
-  AUTOTP_USER_CHECK(gpus > 0, "device cuda: no GPU is visible to this process (torch::cuda::is_available() is "
-                              "false); use device cpu");
+  AUTOTP_USER_CHECK(gpus > 0, "device cuda: no GPU is visible to this process ({}); use device cpu",
+                    cuda_unavailable_reason());
   AUTOTP_USER_CHECK(shared || local_world_size <= gpus,
                     "device cuda with NCCL: {} local ranks but {} GPU(s) on this host (NCCL takes one rank per GPU; "
                     "start at most {} ranks per host, or use backend gloo to share GPUs)",
                     local_world_size, gpus, gpus);
-  const auto index = static_cast<c10::DeviceIndex>(local_rank % gpus);
-  c10::cuda::set_device(index);
-  return torch::Device(torch::kCUDA, index);
+  const int index = local_rank % gpus;
+  cuda_runtime()->set_device(index);
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+// A CUDA device exists only where the runtime loaded (bind_device made it).
 DeviceMemory cuda_memory(const torch::Device& device) {
-  DeviceMemory m;
-  if (!device.is_cuda()) return m;
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  m.allocated = stats.allocated_bytes[all].current;
-  m.peak_allocated = stats.allocated_bytes[all].peak;
-  m.reserved = stats.reserved_bytes[all].current;
-  m.peak_reserved = stats.reserved_bytes[all].peak;
-  return m;
+  return device.is_cuda() ? cuda_runtime()->memory(device.index()) : DeviceMemory{};
 }
 
 void reset_cuda_peak(const torch::Device& device) {
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  if (device.is_cuda()) cuda_runtime()->reset_peak(device.index());
 }
 
 void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) c10::cuda::device_synchronize();
+  if (device.is_cuda()) cuda_runtime()->synchronize(device.index());
 }
 
 std::string cuda_device_name(const torch::Device& device) {
-  if (!device.is_cuda()) return "";
-  return at::cuda::getDeviceProperties(device.index())->name;
+  return device.is_cuda() ? cuda_runtime()->device_name(device.index()) : "";
 }
 
 double bf16_peak_flops(const std::string& gpu_name) {
@@ -90,79 +77,45 @@ torch::Tensor host_buffer(int64_t numel, torch::ScalarType dtype, const torch::D
   }
 }
 
-struct CopyStream::Stream {
-  c10::cuda::CUDAStream stream;
-};
-
 CopyStream::CopyStream(const torch::Device& device) : device_(device) {
-  if (device_.is_cuda()) stream_ = std::make_unique<Stream>(Stream{c10::cuda::getStreamFromPool(false, device_.index())});
+  if (device_.is_cuda()) stream_ = cuda_runtime()->copy_stream(device_.index());
 }
 
-CopyStream::~CopyStream() {
-  if (stream_) stream_->stream.synchronize();  // no copy may outlive its buffers
-}
+CopyStream::~CopyStream() = default;  // the CUDA stream waits for its copies: none may outlive its buffers
 
 void CopyStream::copy(const torch::Tensor& dst, const torch::Tensor& src) {
-  if (!stream_) {
+  if (stream_)
+    stream_->copy(dst, src);
+  else
     dst.copy_(src);
-    return;
-  }
-  c10::cuda::CUDAGuard guard(device_.index());
-  at::cuda::CUDAEvent queued;
-  queued.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-  queued.block(stream_->stream);
-  {
-    c10::cuda::CUDAStreamGuard on_copy_stream(stream_->stream);
-    dst.copy_(src, /*non_blocking=*/true);
-  }
-  // The caching allocator must not hand the GPU side to another tensor before the copy has read or written it.
-  for (const torch::Tensor* t : {&dst, &src})
-    if (t->is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), stream_->stream);
 }
 
 void CopyStream::wait_host() {
-  if (stream_) stream_->stream.synchronize();
+  if (stream_) stream_->wait_host();
 }
 
 void CopyStream::wait_current() {
-  if (!stream_) return;
-  c10::cuda::CUDAGuard guard(device_.index());
-  at::cuda::CUDAEvent done;
-  done.record(stream_->stream);
-  done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  if (stream_) stream_->wait_current();
 }
 
-struct StepClock::Events {
-  std::vector<at::cuda::CUDAEvent> points;
-};
-
 StepClock::StepClock(const torch::Device& device) : device_(device) {
-  if (device_.is_cuda()) events_ = std::make_unique<Events>();
+  if (device_.is_cuda()) events_ = cuda_runtime()->event_clock(device_.index());
 }
 
 StepClock::~StepClock() = default;
 
 void StepClock::mark() {
-  if (!events_) {
+  if (events_)
+    events_->mark();
+  else
     host_.push_back(std::chrono::steady_clock::now());
-    return;
-  }
-  c10::cuda::CUDAGuard guard(device_.index());
-  events_->points.emplace_back(cudaEventDefault);
-  events_->points.back().record();
 }
 
 std::vector<double> StepClock::seconds() {
+  if (events_) return events_->seconds();
   std::vector<double> out;
-  if (!events_) {
-    for (size_t i = 1; i < host_.size(); ++i)
-      out.push_back(std::chrono::duration<double>(host_[i] - host_[i - 1]).count());
-    return out;
-  }
-  auto& points = events_->points;
-  if (points.empty()) return out;
-  points.back().synchronize();
-  for (size_t i = 1; i < points.size(); ++i) out.push_back(points[i - 1].elapsed_time(points[i]) / 1000.0);
+  for (size_t i = 1; i < host_.size(); ++i)
+    out.push_back(std::chrono::duration<double>(host_[i] - host_[i - 1]).count());
   return out;
 }
 

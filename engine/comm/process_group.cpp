@@ -1,4 +1,6 @@
-// The only translation unit that calls c10d constructors (see process_group.h).
+// The translation unit that calls c10d constructors (see process_group.h); the one
+// that needs libtorch_cuda, ProcessGroupNCCL's, is in libautotp_cuda.so
+// (engine/cuda/torch_cuda_runtime.cpp).
 #include "autotp/comm/process_group.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -6,13 +8,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-// CUDA builds of LibTorch define USE_C10D_NCCL for code that uses ProcessGroupNCCL;
-// the header is present but empty without it.
-#ifdef USE_C10D_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
-
-#include <c10/cuda/CUDAFunctions.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -28,6 +23,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "autotp/base/cuda_runtime.h"
+#include "autotp/base/device.h"
 #include "autotp/base/error.h"
 
 namespace autotp {
@@ -99,11 +96,8 @@ Backend parse_backend(const std::string& name) {
 }
 
 bool nccl_available() {
-#ifdef USE_C10D_NCCL
-  return true;
-#else
-  return false;
-#endif
+  const CudaRuntime* cuda = cuda_runtime();
+  return cuda && cuda->nccl_available();
 }
 
 c10::intrusive_ptr<c10d::Store> create_tcp_store(const DistEnv& env, const StoreOptions& options) {
@@ -162,8 +156,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(Backend backend,
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   }
   const bool nccl = backend == Backend::kNccl;
-  if (nccl && torch::cuda::device_count() == 0)
-    throw UserError("backend nccl needs a GPU, and none is visible to this process (use backend gloo)");
+  if (nccl && cuda_device_count() == 0)
+    throw UserError(fmt::format("backend nccl needs a GPU, and none is visible to this process ({}); use backend gloo",
+                                cuda_unavailable_reason()));
   auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(nccl ? prefix_store("cpu", store) : store, rank, size,
                                                           options);
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
@@ -172,21 +167,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(Backend backend,
     group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
     return group;
   }
-#ifdef USE_C10D_NCCL
-  auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-  nccl_options->timeout = timeout;
-  // Bound to the rank's GPU (bind_device made it current) before the backend
-  // joins, so setBackend passes it on and NCCL never guesses a device.
-  const c10::Device device(c10::kCUDA, c10::cuda::current_device());
-  group->setBoundDeviceId(device);
-  auto nccl_backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefix_store("cuda", store), rank, size, nccl_options);
-  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl_backend);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-  nccl_backend->eagerConnectSingleDevice(device);  // the communicator now, within `timeout`
+  cuda_runtime()->add_nccl_backend(*group, store, rank, size, timeout);
   return group;
-#else
-  throw UserError("ProcessGroupNCCL is not available in this LibTorch build (use backend gloo)");
-#endif
 }
 
 void close_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& group, bool abort) {

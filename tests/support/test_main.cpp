@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "autotp/base/cuda_runtime.h"
 #include "autotp/base/memory_counter.h"
 #include "support/multiprocess.h"
 #include "support/worker_zygote.h"
@@ -27,6 +28,9 @@ int worker_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before LibTorch is asked about CUDA (cuda_runtime.h), and before the zygote forks
+  // (loading initialises no CUDA context). Nothing happens without a driver.
+  autotp::cuda_runtime();
   if (argc >= 2 && std::string(argv[1]) == "--autotp-worker") return worker_main(argc, argv);
   autotp::test::start_worker_zygote(&worker_main);
   autotp::install_memory_counter();

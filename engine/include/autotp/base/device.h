@@ -1,7 +1,7 @@
 // Where a rank's tensors live, and the CUDA facilities the engine uses: device
 // binding, the caching allocator's statistics and event-based step timing.
-// The one home of CUDA-specific calls (device.cpp); every build compiles it, and
-// on a machine without a GPU the CUDA paths answer "not available".
+// Their CUDA side is in libautotp_cuda.so (base/cuda_runtime.h), loaded where
+// this host has an NVIDIA driver; elsewhere the CUDA paths answer "not available".
 #pragma once
 #include <torch/torch.h>
 
@@ -12,6 +12,9 @@
 #include <vector>
 
 namespace autotp {
+
+class CudaCopyStream;
+class CudaEventClock;
 
 enum class DeviceKind { kCpu, kCuda, kAuto };
 
@@ -61,9 +64,8 @@ class CopyStream {
   void wait_current();  // the current stream waits for them (before its kernels read copied data)
 
  private:
-  struct Stream;  // the CUDA stream (device.cpp)
   torch::Device device_;
-  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<CudaCopyStream> stream_;  // CUDA devices only
 };
 
 // Times phases of GPU work with CUDA events on the current stream (host clocks
@@ -78,10 +80,9 @@ class StepClock {
   std::vector<double> seconds();
 
  private:
-  struct Events;  // CUDA events (device.cpp)
   torch::Device device_;
   std::vector<std::chrono::steady_clock::time_point> host_;
-  std::unique_ptr<Events> events_;
+  std::unique_ptr<CudaEventClock> events_;  // CUDA devices only
 };
 
 }  // namespace autotp

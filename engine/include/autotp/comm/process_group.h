@@ -1,5 +1,7 @@
-// The one adapter over c10d constructors (stores and process groups). Their
-// signatures change between LibTorch versions: only process_group.cpp touches them.
+// The adapter over c10d constructors (stores and process groups). Their
+// signatures change between LibTorch versions: only process_group.cpp touches
+// them, save ProcessGroupNCCL's, which lives in libtorch_cuda and so in the CUDA
+// library (engine/cuda/torch_cuda_runtime.cpp, reached through base/cuda_runtime.h).
 #pragma once
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -17,7 +19,7 @@ enum class Backend { kGloo, kNccl };
 
 // "gloo" | "nccl"; anything else is a UserError listing the allowed values.
 Backend parse_backend(const std::string& name);
-bool nccl_available();  // true when this LibTorch was built with NCCL
+bool nccl_available();  // CUDA is loaded here (base/cuda_runtime.h) and its LibTorch was built with NCCL
 
 struct StoreOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // rendezvous and collective timeout
