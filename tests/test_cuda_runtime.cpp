@@ -33,6 +33,7 @@ TEST(CudaRuntime, WithoutADriverNothingOfCudaIsLoaded) {
   for (const char* library : {"libautotp_cuda.so", "libtorch_cuda.so", "libc10_cuda.so", "libnccl", "libcudnn"})
     EXPECT_FALSE(maps_library(library)) << library << " is mapped in a process on a host without a GPU driver";
   EXPECT_EQ(bind_device(DeviceKind::kAuto, 0, 1, false), torch::Device(torch::kCPU));
+  EXPECT_THROW(cuda_memory(torch::Device(torch::kCUDA, 0)), c10::Error);  // an error, not a null runtime
   try {
     bind_device(DeviceKind::kCuda, 0, 1, false);
     ADD_FAILURE() << "device cuda was bound without a GPU";

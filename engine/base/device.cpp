@@ -33,21 +33,32 @@ torch::Device bind_device(DeviceKind kind, int local_rank, int local_world_size,
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-// A CUDA device exists only where the runtime loaded (bind_device made it).
+namespace {
+
+// The runtime behind a CUDA device, which exists only where it loaded (bind_device made it).
+const CudaRuntime& cuda_of(const torch::Device& device) {
+  const CudaRuntime* cuda = cuda_runtime();
+  TORCH_CHECK(cuda != nullptr, "a CUDA device (", device.str(), ") in a process without CUDA: ",
+              cuda_unavailable_reason());
+  return *cuda;
+}
+
+}  // namespace
+
 DeviceMemory cuda_memory(const torch::Device& device) {
-  return device.is_cuda() ? cuda_runtime()->memory(device.index()) : DeviceMemory{};
+  return device.is_cuda() ? cuda_of(device).memory(device.index()) : DeviceMemory{};
 }
 
 void reset_cuda_peak(const torch::Device& device) {
-  if (device.is_cuda()) cuda_runtime()->reset_peak(device.index());
+  if (device.is_cuda()) cuda_of(device).reset_peak(device.index());
 }
 
 void synchronize(const torch::Device& device) {
-  if (device.is_cuda()) cuda_runtime()->synchronize(device.index());
+  if (device.is_cuda()) cuda_of(device).synchronize(device.index());
 }
 
 std::string cuda_device_name(const torch::Device& device) {
-  return device.is_cuda() ? cuda_runtime()->device_name(device.index()) : "";
+  return device.is_cuda() ? cuda_of(device).device_name(device.index()) : "";
 }
 
 double bf16_peak_flops(const std::string& gpu_name) {
@@ -78,7 +89,7 @@ torch::Tensor host_buffer(int64_t numel, torch::ScalarType dtype, const torch::D
 }
 
 CopyStream::CopyStream(const torch::Device& device) : device_(device) {
-  if (device_.is_cuda()) stream_ = cuda_runtime()->copy_stream(device_.index());
+  if (device_.is_cuda()) stream_ = cuda_of(device_).copy_stream(device_.index());
 }
 
 CopyStream::~CopyStream() = default;  // the CUDA stream waits for its copies: none may outlive its buffers
@@ -99,7 +110,7 @@ void CopyStream::wait_current() {
 }
 
 StepClock::StepClock(const torch::Device& device) : device_(device) {
-  if (device_.is_cuda()) events_ = cuda_runtime()->event_clock(device_.index());
+  if (device_.is_cuda()) events_ = cuda_of(device_).event_clock(device_.index());
 }
 
 StepClock::~StepClock() = default;

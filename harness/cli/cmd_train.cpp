@@ -232,6 +232,7 @@ void keep_metrics_until(const std::string& path, int64_t step) {
 // last saved (-1: none).
 int64_t run_steps(const TrainArgs& args, Trainer& trainer, Topology& topology, const TrainConfig& config,
                   const Dataset& data, const SaveOptions& save_options, int restarts) {
+  retain_freed_memory();  // steps repeat the same allocations: reuse them instead of faulting pages in
   const int64_t first_step = trainer.steps_done();
   int64_t saved_at = -1;
   std::ofstream metrics;
@@ -319,6 +320,7 @@ void run_train(const TrainArgs& args) {
   const torch::ScalarType dtype = training_dtype(config);
   auto topology = join_world(args.world, tp, placement.backend, ep);
   torch::manual_seed(config.seed);
+  publish_phase("load");  // a rank that dies building its model is named as such, not as in the rendezvous
   auto model = load_model(source, plan, topology->tp(), dtype, config.seed, nullptr, placement.device);
   if (ep > 1) model->set_expert_parallel(experts, topology->ep());
   prepare_lora_model(*model, config.lora, args.lora, config.seed);
@@ -364,7 +366,6 @@ void register_train(CLI::App& app) {
   cmd->callback([args] {
     if (args->max_steps) args->steps = *args->max_steps;
     if (!run_as_rank(args->world)) return;
-    retain_freed_memory();  // steps repeat the same allocations: reuse them instead of faulting pages in
     run_train(*args);
   });
 }

@@ -7,10 +7,15 @@
 
 namespace autotp::cli {
 
+// glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit; mallopt
+// refuses more): blocks below it come from the heap, larger ones are mapped per use.
+constexpr int kLargestHeapBlock = 32 << 20;
+
 void retain_freed_memory() {
   const char* setting = std::getenv("AUTOTP_RETAIN_MEMORY");
   if (setting && std::string(setting) == "0") return;
-  mallopt(M_MMAP_MAX, 0);
+  malloc_trim(0);  // what the one-off work before it freed goes back first
+  mallopt(M_MMAP_THRESHOLD, kLargestHeapBlock);  // fixed: no longer moved by what is freed
   mallopt(M_TRIM_THRESHOLD, -1);  // largest value: never trim the top of the heap
 }
 
