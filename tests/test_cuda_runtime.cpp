@@ -5,7 +5,6 @@
 
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "autotp/base/cuda_runtime.h"
 #include "autotp/base/device.h"
@@ -22,11 +21,9 @@ bool maps_library(const std::string& name) {
   return false;
 }
 
-bool driver_present() { return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/dxg", F_OK) == 0; }
-
 // Runs first in the binary: ctest runs each test in a process of its own anyway.
 TEST(CudaRuntime, WithoutADriverNothingOfCudaIsLoaded) {
-  if (driver_present()) GTEST_SKIP() << "this host has an NVIDIA driver: the library is loaded here by design";
+  if (nvidia_driver_present()) GTEST_SKIP() << "this host has an NVIDIA driver: the library is loaded here by design";
   EXPECT_EQ(cuda_runtime(), nullptr);
   EXPECT_EQ(cuda_device_count(), 0);
   EXPECT_EQ(cuda_unavailable_reason(), "no NVIDIA driver on this host: no /dev/nvidiactl");
@@ -49,7 +46,7 @@ TEST(CudaRuntime, TheLibraryLoadsAndAnswersOnAnyHost) {
   ASSERT_NE(cuda, nullptr) << error;
   EXPECT_TRUE(maps_library("libtorch_cuda.so"));
   EXPECT_TRUE(cuda->nccl_available()) << "the torch wheel is a CUDA build with NCCL";
-  if (!driver_present()) {
+  if (!nvidia_driver_present()) {
     EXPECT_EQ(cuda->device_count(), 0);
   }
   // A second load is the same library, the same runtime.

@@ -8,15 +8,13 @@
 #include "autotp/base/log.h"
 
 namespace autotp {
-namespace {
-
-// The device nodes of NVIDIA's driver (Linux; /dev/dxg is WSL 2's GPU). Without
-// one, CUDA can see no GPU, so the library is not worth loading.
 bool nvidia_driver_present() {
   for (const char* node : {"/dev/nvidiactl", "/dev/dxg"})
     if (access(node, F_OK) == 0) return true;
   return false;
 }
+
+namespace {
 
 struct Loaded {
   const CudaRuntime* runtime = nullptr;

@@ -66,6 +66,10 @@ const CudaRuntime* cuda_runtime();
 // no device), for messages; "" when it has one.
 std::string cuda_unavailable_reason();
 
+// Whether a device node of NVIDIA's driver exists (/dev/nvidiactl; /dev/dxg, WSL 2's
+// GPU). Without one CUDA can see no GPU, and cuda_runtime() does not load the library.
+bool nvidia_driver_present();
+
 // The library beside libautotp.so, and loading it whatever the host (cuda_runtime()
 // does so only with a driver; tests load it anyway: it must link and answer
 // without a GPU). nullptr with `error` set when it does not load.
