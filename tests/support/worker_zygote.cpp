@@ -1,5 +1,7 @@
 #include "support/worker_zygote.h"
 
+#include "support/sanitized_build.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -30,18 +32,6 @@ constexpr int kMovedFdFloor = 64;  // received descriptors move above every targ
 
 int g_server = -1;  // the test process's end of the socket pair; -1 when no server runs
 std::mutex g_mutex;
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 int thread_count() {
   DIR* tasks = opendir("/proc/self/task");
@@ -201,7 +191,7 @@ pid_t spawn_rank(const launcher::RankSpawn& spawn) {
 }  // namespace
 
 void start_worker_zygote(WorkerEntry entry) {
-  if (kSanitized) return;
+  if (kSanitizedBuild) return;
   if (const char* setting = std::getenv("AUTOTP_TEST_ZYGOTE")) {
     const std::string value = setting;
     if (value == "0") return;
