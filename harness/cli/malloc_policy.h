@@ -18,6 +18,9 @@ namespace autotp::cli {
 // bf16, 4 ranks: with every block from the heap (mmap off) a rank grew past 6 GB
 // and the kernel killed it, called before the model was built or after; with
 // this, 19.90 GiB for the 4 ranks and the launcher (19.99 with glibc's defaults).
+// The price: ZeRO-3 gathers of tensors past 32 MiB are faulted in at every use
+// (llama-100m fp32, 2 ranks: 1.34x the step with every block from the heap;
+// docs/cli.md). Reusing those buffers in the engine would remove it.
 void retain_freed_memory();
 
 }  // namespace autotp::cli

@@ -1,7 +1,5 @@
 #include "support/worker_zygote.h"
 
-#include "support/sanitized_build.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -20,6 +18,8 @@
 #include <string>
 #include <system_error>
 #include <vector>
+
+#include "support/sanitized_build.h"
 
 namespace autotp::test {
 namespace {
