@@ -7,6 +7,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "autotp/base/huge_pages.h"
+
 namespace autotp {
 namespace {
 
@@ -43,6 +45,7 @@ class CountingAllocator : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t bytes) override {
     void* data = c10::alloc_cpu(bytes);
+    advise_huge_pages(data, bytes);  // before its pages are first touched
     std::lock_guard<std::mutex> lock(g_mutex);
     sizes()[data] = static_cast<int64_t>(bytes);
     const int64_t now = g_current.fetch_add(static_cast<int64_t>(bytes), std::memory_order_relaxed) + bytes;
