@@ -2,7 +2,8 @@
 // sizes: the gradient norm's hand-written sum of squares, attention with
 // grouped kv heads against the heads selected first (forward and backward), and
 // the widened bf16 products and attention (base/bf16_matmul.h) against fp64 and
-// fp32 references rounded once, whatever this CPU's own path.
+// fp32 references rounded once, whatever this CPU's own path, and which bf16
+// attention core a CPU with native bf16 GEMMs takes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -188,6 +189,41 @@ TEST(WidenedBf16, CausalAttentionIsTheFp32KernelRounded) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(widened.grads[i].scalar_type(), bf16);
     EXPECT_LT(relative_error(widened.grads[i], fp32.grads[i]), tolerance(bf16)) << i;
+  }
+}
+
+TEST(Bf16AttentionCore, EagerOnlyForCpuBf16WithNativeGemmsAndShortSequences) {
+  const bool native = cpu_bf16_gemm() == CpuBf16Gemm::kNative;
+  EXPECT_EQ(eager_attention_core(torch::kBFloat16, /*cuda=*/false, 256, 64), native);
+  EXPECT_EQ(eager_attention_core(torch::kBFloat16, false, 1, 64), native);
+  EXPECT_FALSE(eager_attention_core(torch::kBFloat16, false, 257, 64));  // past 4 x head_dim
+  EXPECT_FALSE(eager_attention_core(torch::kBFloat16, /*cuda=*/true, 256, 64));
+  EXPECT_FALSE(eager_attention_core(torch::kFloat32, false, 256, 64));
+  EXPECT_FALSE(eager_attention_core(torch::kFloat16, false, 256, 64));
+}
+
+// Whichever core this CPU takes for bf16 (eager with native bf16 GEMMs at short
+// sequences, else the flash or widened kernel), with grouped kv heads and a window:
+// within bf16's precision of the fp32 computation on the same values, forward and backward.
+TEST(Bf16AttentionCore, MatchesFp32WithinBf16Precision) {
+  torch::manual_seed(9);
+  const auto bf16 = torch::kBFloat16, f32 = torch::kFloat32;
+  const int64_t B = 2, Hq = 4, Hkv = 2, D = 16;
+  const std::vector<int64_t> grouped{0, 0, 1, 1};
+  for (const auto& [T, window] : std::vector<std::pair<int64_t, int64_t>>{{37, 0}, {64, 0}, {64, 9}, {80, 0}}) {
+    auto q = torch::randn({B, Hq, T, D}).to(bf16), k = torch::randn({B, Hkv, T, D}).to(bf16),
+         v = torch::randn({B, Hkv, T, D}).to(bf16);
+    auto seed = torch::randn({B, T, Hq * D});
+    auto core = [&](const std::vector<torch::Tensor>& in) {
+      return causal_attention(in[0], in[1], in[2], grouped, 0.25, window);
+    };
+    auto low = run(core, {q, k, v}, seed);
+    auto high = run(core, {q.to(f32), k.to(f32), v.to(f32)}, seed.to(bf16));
+    ASSERT_EQ(low.out.scalar_type(), bf16);
+    EXPECT_LT(relative_error(low.out, high.out), tolerance(bf16)) << "T " << T << " window " << window;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_LT(relative_error(low.grads[i], high.grads[i]), 2 * tolerance(bf16))
+          << "T " << T << " window " << window << " input " << i;
   }
 }
 

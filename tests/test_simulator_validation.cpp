@@ -110,11 +110,13 @@ AUTOTP_WORKER(simulator_memory) {
 // layers less those of L layers (a forward run and released first, so the rotary and
 // mask caches exist), against saved_activation_bytes of the same two depths, for this
 // rank's shard. Every architecture, fp32 and bf16, with selective recomputation and
-// without, and with sequence parallelism: within 2 KiB a layer (of 0.2-2.7 MB), which
+// without, and with sequence parallelism, at 128 tokens, and bf16 again at 48 (at most
+// 4 x head_dim of the tiny models: on a CPU with native bf16 GEMMs the eager attention
+// core, eager_attention_core) at micro-batch 2 and 1: within 2 KiB a layer (of 0.2-2.7 MB), which
 // small tensors the model does not list (scalars, Gemma 2's eager core's) take. Not
 // with ep: random routing sends each rank's experts a different share of the rows,
 // where the model takes the balanced share.
-// The 11 architectures x 5 variants x tp 1, 3, 4 in full (args: tp, "full"), or
+// The 11 architectures x 9 variants x tp 1, 3, 4 in full (args: tp, "full"), or
 // ("pairwise") each architecture and variant once, at a tp that rotates with them:
 // every pair of two factors' values is still run (sequence parallelism at tp 3 or 4).
 AUTOTP_WORKER(simulator_layer_activations) {
@@ -123,15 +125,18 @@ AUTOTP_WORKER(simulator_layer_activations) {
   const int tp = std::stoi(ctx.args.at(0));
   const bool full = ctx.args.at(1) == "full";
   auto topo = ctx.topology(tp);
-  constexpr int64_t kB = 2, kT = 128;
+  constexpr int64_t kLongT = 128, kShortT = 48;
   constexpr int kTps[] = {1, 3, 4};
   int architecture = -1;
   for (const char* preset : {"llama-tiny", "gpt2-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny", "phi3-tiny",
                              "gemma2-tiny", "gemma3-tiny", "mixtral-tiny", "qwen2-moe-tiny", "qwen3-moe-tiny"}) {
     ++architecture;
-    // fp32 / bf16 x selective recomputation off / on, and fp32 with sequence parallelism.
-    for (int variant = 0; variant < 5; ++variant) {
-      const bool bf16 = variant % 2 == 1, selective = variant == 2 || variant == 3, sp = variant == 4;
+    // fp32 / bf16 x selective recomputation off / on, fp32 with sequence parallelism,
+    // and bf16 at the short length with selective recomputation off / on, micro-batch 2 and 1.
+    for (int variant = 0; variant < 9; ++variant) {
+      const bool bf16 = variant % 2 == 1 || variant >= 5,
+                 selective = variant == 2 || variant == 3 || variant == 6 || variant == 8, sp = variant == 4;
+      const int64_t kT = variant >= 5 ? kShortT : kLongT, kB = variant >= 7 ? 1 : 2;
       if (sp && tp == 1) continue;
       int pairwise_tp = kTps[(architecture + variant) % 3];
       if (sp && pairwise_tp == 1) pairwise_tp = kTps[1 + architecture % 2];
@@ -167,8 +172,8 @@ AUTOTP_WORKER(simulator_layer_activations) {
       if (kept[0] == 0 || !compared) continue;
       const int64_t measured = kept[1] - kept[0], predicted = simulated[1] - simulated[0];
       const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
-      const std::string where = fmt::format("{} {}{}{} tp {} rank {}", preset, bf16 ? "bf16" : "fp32",
-                                            selective ? " selective" : "", sp ? " sp" : "", tp, topo->rank());
+      const std::string where = fmt::format("{} {}{}{} B {} T {} tp {} rank {}", preset, bf16 ? "bf16" : "fp32",
+                                            selective ? " selective" : "", sp ? " sp" : "", kB, kT, tp, topo->rank());
       std::fprintf(stderr, "%s: a layer keeps %lld bytes, simulated %lld (%+lld, %+.3f%%)\n", where.c_str(),
                    static_cast<long long>(measured), static_cast<long long>(predicted),
                    static_cast<long long>(predicted - measured), 100 * error);

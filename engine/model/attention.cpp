@@ -93,11 +93,16 @@ class WidenedCausalAttention : public torch::autograd::Function<WidenedCausalAtt
 
 }  // namespace
 
+bool eager_attention_core(torch::ScalarType dtype, bool cuda, int64_t T, int64_t head_dim) {
+  return !cuda && dtype == torch::kBFloat16 && cpu_bf16_gemm() == CpuBf16Gemm::kNative && T <= 4 * head_dim;
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const std::vector<int64_t>& kv_index, double scale, int64_t window,
                                const AttentionExtras& extras) {
-  if (extras.any()) return causal_attention_eager(q, k, v, kv_index, scale, window, extras);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  if (extras.any() || eager_attention_core(q.scalar_type(), q.is_cuda(), T, D))
+    return causal_attention_eager(q, k, v, kv_index, scale, window, extras);
   torch::Tensor k_sel = k, v_sel = v;
   bool gqa = false;
   if (!is_identity(kv_index, k.size(1))) {

@@ -7,6 +7,7 @@
 #include "autotp/arch/layer_names.h"
 #include "autotp/base/text.h"
 #include "autotp/lora/lora_plan.h"
+#include "autotp/model/attention.h"
 #include "autotp/optim/grad_norm.h"
 #include "autotp/tp/expert_parallel.h"
 
@@ -90,6 +91,18 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   // What the attention core keeps beyond q, k, v and the attention output, and what
   // selective recomputation rebuilds of it in the backward.
   int64_t core_saved = attention_lse, core_rebuilt = attention_output + attention_lse;
+  // The eager core (attention.cpp) runs for soft-capping, and for bf16 on CPUs with
+  // native bf16 GEMMs at short sequences (eager_attention_core): it keeps the capped
+  // scores (tanh's output), the fp32 softmax and, in 16 bits, its cast instead of
+  // the fused kernel's log-sum-exp. Its batched GEMMs keep [B heads, T, D] copies of
+  // q, k and v, in place of the tensors counted below for the fused kernel (nothing
+  // else keeps those); its output is a copy, kept by the projection.
+  const bool eager_core = c.attn_softcap > 0 || (!l.cuda && eager_attention_core(l.dtype, false, T, D));
+  const int64_t scores = B * heads * T * T;
+  if (eager_core) core_saved = core_rebuilt = ((c.attn_softcap > 0 ? a : 0) + 4 + (f32 ? 0 : a)) * scores;
+  // Its batched GEMMs read q, k, v as views where B or the heads are 1 (the reshape
+  // merges a size-1 dimension): a fused qkv output is then kept whole, as by the fused kernel.
+  const bool eager_reads_views = B == 1 || heads == 1;
   // Its backward produces dq, dk, dv per query head (and, in 16-bit, an fp32 dq accumulator).
   const int64_t attention_backward = 3 * a * BT * heads * D + (f32 ? 0 : 4 * BT * heads * D);
   ActivationParts p;
@@ -123,20 +136,7 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // A fused qkv projection (Phi-3): where the kv heads are not copied per query head,
     // v is a view of the fused output and keeps all of it (q's and k's columns too).
     fused_qkv_rest = s.fused_qkv ? a * BT * (heads + s.local_kv_heads) * D : 0;
-    if (heads == s.local_kv_heads && c.attn_softcap <= 0) p.recomputed += fused_qkv_rest;
-    // Attention logit soft-capping runs the eager core (attention.cpp): the capped
-    // scores kept by tanh, the fp32 softmax, its cast in 16 bits, instead of the
-    // fused kernel's output and log-sum-exp.
-    if (c.attn_softcap > 0) {
-      const int64_t scores = B * heads * T * T;
-      // Its batched GEMMs keep [B heads, T, D] copies of q, k and v: in place of the
-      // rotated q and the k, v per query head counted above (nothing else keeps those).
-      // Its output is a copy (the transposed bmm result reshaped), kept by the projection.
-      const int64_t eager_saved = (a + 4 + (f32 ? 0 : a)) * scores;
-      p.recomputed += eager_saved - core_saved;
-      core_saved = core_rebuilt = eager_saved;
-      p.layer_backward += 2 * 4 * scores;  // the softmax's and the scores' gradients
-    }
+    if (heads == s.local_kv_heads && (!eager_core || eager_reads_views)) p.recomputed += fused_qkv_rest;
     // A sparse block (every sparse layer is modelled on the first): the router reads the
     // whole block input (under sequence parallelism a gathered copy, kept) and keeps
     // fp32 probabilities; each chosen expert copies its tokens in and its output is
@@ -187,7 +187,7 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   if (s.vocab_split) p.outer += BT * 8 + BT;  // shifted ids and the outside-shard mask
   // A sliding-window layer's fused kernel keeps its own [T, T] additive mask (converted
   // from the shared boolean one), counted here for all those layers at once.
-  if (!s.gpt2 && c.attn_softcap <= 0 && !l.activation_checkpointing && !l.selective_recompute)
+  if (!s.gpt2 && !eager_core && !l.activation_checkpointing && !l.selective_recompute)
     for (int64_t layer = 0; layer < c.num_layers; ++layer) {
       const int64_t window = c.sliding_window_of(layer);
       if (window > 0 && window < T) p.outer += a * T * T;
@@ -202,9 +202,13 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
     // Its inputs are k and v as projected (kv heads), not copied per query head.
     if (!s.gpt2 && heads > s.local_kv_heads)
       p.per_layer += fused_qkv_rest - 2 * a * BT * (heads - s.local_kv_heads) * D;
+    // They are views of a fused qkv output, which they keep whole, whichever core
+    // runs (the eager one's copies, counted above in its place, live only while it runs).
+    if (heads == s.local_kv_heads && eager_core && !eager_reads_views) p.per_layer += fused_qkv_rest;
   }
   p.layer_input = a * BtH;
   p.layer_backward += attention_backward + 2 * a * BTH;  // after the terms added above
+  if (eager_core) p.layer_backward += 2 * 4 * scores;  // the eager core's softmax and score gradients
   // Expert parallelism: a sparse layer's backward exchanges the output gradients of the
   // rank's tokens x k rows out and the rows of its experts in (all_to_all_rows), both alive
   // while they are exchanged; its forward's exchange buffers are smaller than this moment.

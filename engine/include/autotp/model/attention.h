@@ -23,10 +23,20 @@ struct AttentionExtras {
 // CUDA): the [T, T] score matrix is never stored. A `window` > 0 (sliding-window
 // attention, HF's sliding_window) also hides keys `window` or more positions back:
 // query i reads keys i - window + 1 .. i; SDPA then takes an explicit [T, T] mask.
-// With `extras` (softcapping, dropout) it runs causal_attention_eager instead.
+// With `extras` (softcapping, dropout), or where eager_attention_core says so, it
+// runs causal_attention_eager instead.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const std::vector<int64_t>& kv_index, double scale, int64_t window = 0,
                                const AttentionExtras& extras = {});
+
+// Whether causal_attention computes a core without extras eagerly rather than with
+// the flash kernel: bf16 on a CPU whose bf16 GEMMs are native (base/bf16_matmul.h),
+// where LibTorch's bf16 flash kernel ran at half the eager chain's speed
+// (llama-small's shapes on a Zen 5, forward + backward: 17-18 ms a layer against
+// 9), and only while T <= 4 x head_dim, where the [T, T] probabilities the chain
+// keeps (fp32 and bf16) stay within 3x what the flash kernel keeps (q, k, v and its
+// output). The simulator's memory model asks the same question.
+bool eager_attention_core(torch::ScalarType dtype, bool cuda, int64_t T, int64_t head_dim);
 
 // Causal attention of bf16 q, k, v [B, H, T, D] (as many kv heads as query heads)
 // computed by LibTorch's fp32 flash kernel, the output [B, H, T, D] rounded to
