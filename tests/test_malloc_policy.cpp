@@ -60,7 +60,8 @@ std::string thp_mode() {
   std::string line;
   std::getline(in, line);
   const auto open = line.find('['), close = line.find(']');
-  return open == std::string::npos || close == std::string::npos ? "" : line.substr(open + 1, close - open - 1);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return line.substr(open + 1, close - open - 1);
 }
 
 // Huge-page bytes that a 96 MiB tensor from LibTorch's CPU allocator (the
@@ -103,14 +104,15 @@ TEST(MallocPolicy, LargeBlocksAreMappedAsHugePages) {
   ASSERT_GE(huge_page_bytes(), 0) << "no AnonHugePages in /proc/self/smaps_rollup";
   unsetenv("AUTOTP_RETAIN_MEMORY");
   retain_freed_memory();
-  // 47 or 48 of its 2 MiB pages lie whole inside it; the kernel may fall back to
-  // 4 KiB pages where it has no free 2 MiB ones, which a machine this test runs on has.
+  // 47 or 48 of its 2 MiB pages lie whole inside it. The kernel falls back to 4 KiB
+  // pages where it has no free 2 MiB ones; a machine with memory to spare has them.
   EXPECT_GE(huge_pages_of_a_large_tensor(), 64 << 20);
 }
 
 TEST(MallocPolicy, ZeroLeavesLargeBlocksUnadvised) {
   if (test::kSanitizedBuild) GTEST_SKIP() << kSanitizedSkip;
-  if (thp_mode() != "madvise") GTEST_SKIP() << "only THP mode 'madvise' maps just what is advised (here '" << thp_mode() << "')";
+  if (thp_mode() != "madvise")
+    GTEST_SKIP() << "only THP mode 'madvise' maps just what is advised (here '" << thp_mode() << "')";
   setenv("AUTOTP_RETAIN_MEMORY", "0", 1);
   retain_freed_memory();
   EXPECT_EQ(huge_pages_of_a_large_tensor(), 0);

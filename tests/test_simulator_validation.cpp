@@ -136,14 +136,14 @@ AUTOTP_WORKER(simulator_layer_activations) {
     for (int variant = 0; variant < 9; ++variant) {
       const bool bf16 = variant % 2 == 1 || variant >= 5,
                  selective = variant == 2 || variant == 3 || variant == 6 || variant == 8, sp = variant == 4;
-      const int64_t kT = variant >= 5 ? kShortT : kLongT, kB = variant >= 7 ? 1 : 2;
+      const int64_t tokens = variant >= 5 ? kShortT : kLongT, batch = variant >= 7 ? 1 : 2;
       if (sp && tp == 1) continue;
       int pairwise_tp = kTps[(architecture + variant) % 3];
       if (sp && pairwise_tp == 1) pairwise_tp = kTps[1 + architecture % 2];
       if (!full && tp != pairwise_tp) continue;
       // The model counts the busiest rank's share of the sequence, which the first ranks
       // hold: the others run the forwards with them (collectives) but are not compared.
-      const bool compared = !sp || kT % tp == 0 || topo->tp_rank() < kT % tp;
+      const bool compared = !sp || tokens % tp == 0 || topo->tp_rank() < tokens % tp;
       const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat32;
       int64_t kept[2] = {}, simulated[2] = {};
       for (int deeper = 0; deeper < 2; ++deeper) {
@@ -157,14 +157,14 @@ AUTOTP_WORKER(simulator_layer_activations) {
         const TpPlan plan = sim::build_plan(source.config, tp, sp);
         auto model = load_model(source, plan, topo->tp(), dtype, 1);
         model->set_selective_recompute(selective);
-        auto rows = torch::randint(0, source.config.vocab_size, {kB, kT + 1}, torch::kLong);
-        auto ids = rows.narrow(1, 0, kT).contiguous(), targets = rows.narrow(1, 1, kT).contiguous();
+        auto rows = torch::randint(0, source.config.vocab_size, {batch, tokens + 1}, torch::kLong);
+        auto ids = rows.narrow(1, 0, tokens).contiguous(), targets = rows.narrow(1, 1, tokens).contiguous();
         model->token_losses(ids, targets).sum().backward();
         const int64_t before = memory_counts().current;
         auto loss = model->token_losses(ids, targets).sum();
         kept[deeper] = memory_counts().current - before;
         loss.backward();
-        sim::SimLayout layout = cpu_layout(tp, tp, kB, kT, dtype, sp);
+        sim::SimLayout layout = cpu_layout(tp, tp, batch, tokens, dtype, sp);
         layout.selective_recompute = selective;
         simulated[deeper] = sim::saved_activation_bytes(
             source.config, sim::rank_shape(source.config, plan, topo->tp_rank()), layout);
@@ -172,8 +172,9 @@ AUTOTP_WORKER(simulator_layer_activations) {
       if (kept[0] == 0 || !compared) continue;
       const int64_t measured = kept[1] - kept[0], predicted = simulated[1] - simulated[0];
       const double error = static_cast<double>(predicted - measured) / static_cast<double>(measured);
-      const std::string where = fmt::format("{} {}{}{} B {} T {} tp {} rank {}", preset, bf16 ? "bf16" : "fp32",
-                                            selective ? " selective" : "", sp ? " sp" : "", kB, kT, tp, topo->rank());
+      const std::string where =
+          fmt::format("{} {}{}{} B {} T {} tp {} rank {}", preset, bf16 ? "bf16" : "fp32",
+                      selective ? " selective" : "", sp ? " sp" : "", batch, tokens, tp, topo->rank());
       std::fprintf(stderr, "%s: a layer keeps %lld bytes, simulated %lld (%+lld, %+.3f%%)\n", where.c_str(),
                    static_cast<long long>(measured), static_cast<long long>(predicted),
                    static_cast<long long>(predicted - measured), 100 * error);
