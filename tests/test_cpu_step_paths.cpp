@@ -204,7 +204,8 @@ TEST(Bf16AttentionCore, EagerOnlyForCpuBf16WithNativeGemmsAndShortSequences) {
 
 // Whichever core this CPU takes for bf16 (eager with native bf16 GEMMs at short
 // sequences, else the flash or widened kernel), with grouped kv heads and a window:
-// within bf16's precision of the fp32 computation on the same values, forward and backward.
+// within bf16's precision of the fp32 computation on the same values, forward and backward
+// (measured: at most 0.45% on the output and 0.7% on a gradient, eager core and widened kernel).
 TEST(Bf16AttentionCore, MatchesFp32WithinBf16Precision) {
   torch::manual_seed(9);
   const auto bf16 = torch::kBFloat16, f32 = torch::kFloat32;
@@ -222,7 +223,7 @@ TEST(Bf16AttentionCore, MatchesFp32WithinBf16Precision) {
     ASSERT_EQ(low.out.scalar_type(), bf16);
     EXPECT_LT(relative_error(low.out, high.out), tolerance(bf16)) << "T " << T << " window " << window;
     for (int i = 0; i < 3; ++i)
-      EXPECT_LT(relative_error(low.grads[i], high.grads[i]), 2 * tolerance(bf16))
+      EXPECT_LT(relative_error(low.grads[i], high.grads[i]), tolerance(bf16))
           << "T " << T << " window " << window << " input " << i;
   }
 }

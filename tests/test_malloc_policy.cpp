@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include "autotp/base/proc_memory.h"
 #include "cli/malloc_policy.h"
 #include "support/sanitized_build.h"
 
@@ -39,20 +40,9 @@ int64_t left_after_free(size_t bytes) {
   return resident_bytes() - before;
 }
 
-// AnonHugePages of this process: anonymous memory mapped as transparent huge pages.
-int64_t huge_page_bytes() {
-  std::ifstream rollup("/proc/self/smaps_rollup");
-  std::string key;
-  int64_t kib = 0;
-  while (rollup >> key) {
-    if (key == "AnonHugePages:") {
-      rollup >> kib;
-      return kib * 1024;
-    }
-    rollup.ignore(1 << 20, '\n');
-  }
-  return -1;
-}
+// AnonHugePages of this process: anonymous memory mapped as transparent huge pages
+// (-1 where /proc does not say).
+int64_t huge_page_bytes() { return smaps_rollup_bytes(getpid(), "AnonHugePages:").value_or(-1); }
 
 // The kernel's THP mode, the word in brackets ("always", "madvise", "never"), or "" without THP.
 std::string thp_mode() {

@@ -19,7 +19,6 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <system_error>
@@ -27,6 +26,7 @@
 
 #include "autotp/base/error.h"
 #include "autotp/base/log.h"
+#include "autotp/base/proc_memory.h"
 #include "autotp/base/run_phase.h"
 #include "autotp/comm/dist_env.h"
 
@@ -155,16 +155,7 @@ std::optional<RecordedFailure> recorded_failure(const std::string& path) {
 
 // A process's proportional set size in bytes (shared pages divided among their
 // sharers), 0 when /proc does not say (exited, or a kernel without smaps_rollup).
-int64_t proportional_set_bytes(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/smaps_rollup", pid));
-  std::string key;
-  int64_t kib = 0;
-  while (in >> key) {
-    if (key == "Pss:" && in >> kib) return kib * 1024;
-    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return 0;
-}
+int64_t proportional_set_bytes(pid_t pid) { return smaps_rollup_bytes(pid, "Pss:").value_or(0); }
 
 // A process's resident set in bytes from /proc/PID/statm (a counter the kernel
 // keeps: no page-table walk), 0 when /proc does not say.

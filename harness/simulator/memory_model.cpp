@@ -97,7 +97,7 @@ ActivationParts activation_parts(const ModelConfig& c, const RankShape& s, const
   // the fused kernel's log-sum-exp. Its batched GEMMs keep [B heads, T, D] copies of
   // q, k and v, in place of the tensors counted below for the fused kernel (nothing
   // else keeps those); its output is a copy, kept by the projection.
-  const bool eager_core = c.attn_softcap > 0 || (!l.cuda && eager_attention_core(l.dtype, false, T, D));
+  const bool eager_core = c.attn_softcap > 0 || eager_attention_core(l.dtype, l.cuda, T, D);
   const int64_t scores = B * heads * T * T;
   if (eager_core) core_saved = core_rebuilt = ((c.attn_softcap > 0 ? a : 0) + 4 + (f32 ? 0 : a)) * scores;
   // Its batched GEMMs read q, k, v as views where B or the heads are 1 (the reshape
